@@ -1,0 +1,165 @@
+// //ops:norm launcher: validates the tensors, prepares NormParams, and calls the backend's entry
+// point (ops/norm/norm.h) on the caller's stream. Compiled by the host compiler for both
+// toolchains; only this layer knows Python (R3.3, R8.2).
+//
+//   rmsnorm(out, input, weight, eps, weight_offset, stream=0)
+//   fused_add_rmsnorm(input, residual, weight, eps, weight_offset, stream=0)
+//
+// input/out/residual: [rows, hidden] or [batch, seq, hidden], last dimension contiguous, leading
+// strides free; weight: [hidden], contiguous; all of the module's dtype and on one device.
+#include <pybind11/pybind11.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "bindings/common/tensor_view.h"
+#include "ops/common/dtypes.h"
+#include "ops/norm/norm.h"
+#include "spec_config.h"
+
+namespace {
+
+namespace py = pybind11;
+using kiln::bindings::TensorView;
+using kiln::bindings::value_error;
+using kiln::bindings::view_of;
+using Elem = kiln::spec::dtype;
+constexpr auto kDType = kiln::bindings::dl_dtype<Elem>();
+
+// The row view of a 2-D or 3-D tensor: [d0, d1, cols] with strides s0, s1 (elements).
+struct Rows {
+  int64_t d0, d1, cols, s0, s1;
+};
+
+Rows rows_of(const TensorView& t) {
+  if (t.ndim == 2) return {1, t.size(0), t.size(1), 0, t.stride(0)};
+  return {t.size(0), t.size(1), t.size(2), t.stride(0), t.stride(1)};
+}
+
+void check_rows(const TensorView& t, const TensorView& input) {
+  if (&t != &input) {
+    kiln::bindings::check_same_device(t, input);
+    kiln::bindings::check_dtype(t, kDType, "the dtype of input");
+    kiln::bindings::check_same_shape(t, input);
+  }
+  kiln::bindings::check_last_contiguous(t);
+  kiln::bindings::check_element_aligned(t, sizeof(Elem));
+}
+
+TensorView checked_input(py::handle obj) {
+  TensorView input = view_of(obj, "input");
+  kiln::bindings::check_backend_device(input);
+  kiln::bindings::check_dtype(input, kDType, std::string("this module is ") + kiln::spec::kUri);
+  kiln::bindings::check_ndim(input, 2, 3);
+  if (input.numel() > 0 && input.size(-1) < 1) value_error("input has hidden size 0");
+  check_rows(input, input);
+  return input;
+}
+
+TensorView checked_weight(py::handle obj, const TensorView& input) {
+  TensorView weight = view_of(obj, "weight");
+  kiln::bindings::check_same_device(weight, input);
+  kiln::bindings::check_dtype(weight, kDType, "the dtype of input");
+  kiln::bindings::check_ndim(weight, 1, 1);
+  kiln::bindings::check_dim(weight, 0, input.size(-1), "input.shape[-1]");
+  kiln::bindings::check_last_contiguous(weight);
+  kiln::bindings::check_element_aligned(weight, sizeof(Elem));
+  return weight;
+}
+
+void check_eps(double eps) {
+  if (!std::isfinite(eps) || eps < 0) value_error("eps must be finite and >= 0, got " + std::to_string(eps));
+}
+
+// Do [a, a + bytes) and [b, b + bytes) overlap?
+bool overlaps(const TensorView& a, const TensorView& b) {
+  auto extent = [](const TensorView& t) {
+    int64_t last = 0;
+    for (int i = 0; i < t.ndim; ++i) last += (t.shape[i] - 1) * t.strides[i];
+    return (last + 1) * static_cast<int64_t>(sizeof(Elem));
+  };
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const auto pa = reinterpret_cast<uintptr_t>(a.data), pb = reinterpret_cast<uintptr_t>(b.data);
+  return pa < pb + extent(b) && pb < pa + extent(a);
+}
+
+void raise_if_failed(const kiln::Status& s) {
+  if (!s.ok()) throw std::runtime_error("kiln " + std::string(kiln::spec::kUri) + ": " + s.message);
+}
+
+kiln::norm::NormParams params(const TensorView& out, const TensorView& input, const TensorView* residual,
+                              const TensorView& weight, double eps, double weight_offset) {
+  const Rows o = rows_of(out), i = rows_of(input);
+  kiln::norm::NormParams p{};
+  p.out = out.data;
+  p.input = input.data;
+  p.weight = weight.data;
+  p.d0 = i.d0;
+  p.d1 = i.d1;
+  p.cols = i.cols;
+  p.out_stride0 = o.s0;
+  p.out_stride1 = o.s1;
+  p.in_stride0 = i.s0;
+  p.in_stride1 = i.s1;
+  if (residual) {
+    const Rows r = rows_of(*residual);
+    p.residual = residual->data;
+    p.res_stride0 = r.s0;
+    p.res_stride1 = r.s1;
+  }
+  p.eps = static_cast<float>(eps);
+  p.weight_offset = static_cast<float>(weight_offset);
+  return p;
+}
+
+kiln::LaunchContext context(const TensorView& input, uintptr_t stream) {
+  return {reinterpret_cast<void*>(stream), input.device.device_type == kiln::dl::kCPU ? -1 : input.device.device_id};
+}
+
+void rmsnorm(py::handle out_obj, py::handle input_obj, py::handle weight_obj, double eps, double weight_offset,
+             uintptr_t stream) {
+  const TensorView input = checked_input(input_obj);
+  TensorView out = view_of(out_obj, "out");
+  check_rows(out, input);
+  const TensorView weight = checked_weight(weight_obj, input);
+  check_eps(eps);
+  const auto p = params(out, input, nullptr, weight, eps, weight_offset);
+  kiln::Status s;
+  {
+    py::gil_scoped_release no_gil;
+    s = kiln::norm::rmsnorm(p, context(input, stream));
+  }
+  raise_if_failed(s);
+}
+
+void fused_add_rmsnorm(py::handle input_obj, py::handle residual_obj, py::handle weight_obj, double eps,
+                       double weight_offset, uintptr_t stream) {
+  const TensorView input = checked_input(input_obj);
+  TensorView residual = view_of(residual_obj, "residual");
+  check_rows(residual, input);
+  if (overlaps(input, residual)) value_error("input and residual must not overlap in memory");
+  const TensorView weight = checked_weight(weight_obj, input);
+  check_eps(eps);
+  const auto p = params(input, input, &residual, weight, eps, weight_offset);
+  kiln::Status s;
+  {
+    py::gil_scoped_release no_gil;
+    s = kiln::norm::fused_add_rmsnorm(p, context(input, stream));
+  }
+  raise_if_failed(s);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(KILN_MODULE_NAME, m) {
+  m.doc() = "kiln //ops:norm launcher for one dtype and backend";
+  m.attr("uri") = kiln::spec::kUri;
+  m.attr("dtype") = kiln::dtype_name<Elem>();
+  m.def("rmsnorm", &rmsnorm, py::arg("out"), py::arg("input"), py::arg("weight"), py::arg("eps"),
+        py::arg("weight_offset"), py::arg("stream") = 0,
+        "out = input * rsqrt(mean(input^2, -1) + eps) * (weight + weight_offset)");
+  m.def("fused_add_rmsnorm", &fused_add_rmsnorm, py::arg("input"), py::arg("residual"), py::arg("weight"),
+        py::arg("eps"), py::arg("weight_offset"), py::arg("stream") = 0,
+        "residual += input; input = rmsnorm(residual) (in place)");
+}

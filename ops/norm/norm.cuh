@@ -1,0 +1,239 @@
+// RMSNorm CUDA kernels and their launcher (see norm.h for the contract).
+//
+// Memory bound: a row is read once and written once (fused: x and residual read, both written).
+// Two kernels:
+//   rmsnorm_rows   the row lives in registers. A group of G threads owns a row, each thread
+//                  ITEMS vectors of VEC elements (16-byte loads when aligned); all loads are
+//                  issued before any arithmetic. G <= 32: several rows per block, warp-shuffle
+//                  reduction; G > 32: one row per block, block reduction. Covers rows of up to
+//                  1024 * 8 vectors (65536 bf16 elements).
+//   rmsnorm_rows_large  longer rows: one block per row, two passes over global memory (the second
+//                  mostly from L2).
+// The launcher picks VEC from alignment and cols, ITEMS and G from the shape (one table:
+// choose_shape), and reports unsupported shapes and launch errors as a Status.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "ops/common/cuda_utils.cuh"
+#include "ops/common/dispatch.h"
+#include "ops/common/dtypes.h"
+#include "ops/common/math.h"
+#include "ops/common/reduce.cuh"
+#include "ops/common/vec.cuh"
+#include "ops/norm/norm.h"
+
+namespace kiln::norm {
+
+constexpr int kMaxThreads = 1024;
+constexpr int kMaxItems = 8;           // vectors per thread in the register-resident kernel
+constexpr int kThreadsPerBlock = 256;  // block size when several rows share a block (G <= 32)
+
+// Threads per row allowed for a given ITEMS: 4 or more vectors per thread need more than the 64
+// registers a 1024-thread block leaves each thread, so those kernels are bounded to 512 threads
+// (128 registers) and never spill the row to local memory.
+constexpr int max_group(int items) {
+  return items >= 4 ? 512 : kMaxThreads;
+}
+
+__device__ __forceinline__ int64_t row_offset(int64_t row, int64_t d1, int64_t s0, int64_t s1) {
+  return (row / d1) * s0 + (row % d1) * s1;
+}
+
+template <typename T, int VEC, int ITEMS, bool FUSED>
+__global__ void __launch_bounds__(max_group(ITEMS)) rmsnorm_rows(const NormParams p) {
+  using V = Vec<T, VEC>;
+  __shared__ float scratch[32];
+  const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool valid = row < p.rows();
+  const int64_t nvec = p.cols / VEC;
+  const int group = blockDim.x;
+
+  const T* x = static_cast<const T*>(p.input) + (valid ? row_offset(row, p.d1, p.in_stride0, p.in_stride1) : 0);
+  T* res =
+      FUSED ? static_cast<T*>(p.residual) + (valid ? row_offset(row, p.d1, p.res_stride0, p.res_stride1) : 0) : nullptr;
+  const T* w = static_cast<const T*>(p.weight);
+
+  // Issue every load of the row before using any of them. With few vectors per thread the weight
+  // is loaded up front too; with more, registers go to occupancy instead and the weight (hot in
+  // L1/L2, shared by every row) is loaded after the reduction.
+  constexpr bool kPreloadWeight = ITEMS <= 2;
+  V xv[ITEMS], rv[ITEMS], wv[ITEMS];
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int64_t j = threadIdx.x + int64_t(i) * group;
+    if (valid && j < nvec) {
+      xv[i] = V::load(x + j * VEC);
+      if constexpr (FUSED) rv[i] = V::load(res + j * VEC);
+      if constexpr (kPreloadWeight) wv[i] = V::load_ro(w + j * VEC);
+    }
+  }
+
+  float sum_sq = 0.0f;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int64_t j = threadIdx.x + int64_t(i) * group;
+    if (valid && j < nvec) {
+      if constexpr (FUSED) {
+        // residual += x, rounded to T; the rounded sum is both stored and normalised, so the
+        // result equals the unfused sequence `residual += x; x = rmsnorm(residual)`.
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) xv[i].set(k, xv[i].get(k) + rv[i].get(k));
+        xv[i].store(res + j * VEC);
+      }
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const float v = xv[i].get(k);
+        sum_sq += v * v;
+      }
+    }
+  }
+  sum_sq = group <= 32 ? group_sum(sum_sq, group) : block_sum(sum_sq, scratch);
+  if (!valid) return;
+  const float inv_rms = rsqrtf(sum_sq / static_cast<float>(p.cols) + p.eps);
+
+  T* out = static_cast<T*>(p.out) + row_offset(row, p.d1, p.out_stride0, p.out_stride1);
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int64_t j = threadIdx.x + int64_t(i) * group;
+    if (j < nvec) {
+      if constexpr (!kPreloadWeight) wv[i] = V::load_ro(w + j * VEC);
+      V o;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) o.set(k, xv[i].get(k) * inv_rms * (wv[i].get(k) + p.weight_offset));
+      o.store(out + j * VEC);
+    }
+  }
+}
+
+template <typename T, int VEC, bool FUSED>
+__global__ void __launch_bounds__(kMaxThreads) rmsnorm_rows_large(const NormParams p) {
+  using V = Vec<T, VEC>;
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const int64_t nvec = p.cols / VEC;
+  const T* x = static_cast<const T*>(p.input) + row_offset(row, p.d1, p.in_stride0, p.in_stride1);
+  T* res = FUSED ? static_cast<T*>(p.residual) + row_offset(row, p.d1, p.res_stride0, p.res_stride1) : nullptr;
+  T* out = static_cast<T*>(p.out) + row_offset(row, p.d1, p.out_stride0, p.out_stride1);
+  const T* w = static_cast<const T*>(p.weight);
+
+  float sum_sq = 0.0f;
+  for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
+    V xv = V::load(x + j * VEC);
+    if constexpr (FUSED) {
+      const V rv = V::load(res + j * VEC);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) xv.set(k, xv.get(k) + rv.get(k));
+      xv.store(res + j * VEC);
+    }
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) sum_sq += xv.get(k) * xv.get(k);
+  }
+  sum_sq = block_sum(sum_sq, scratch);
+  const float inv_rms = rsqrtf(sum_sq / static_cast<float>(p.cols) + p.eps);
+  // Second pass: each thread re-reads exactly the vectors it wrote (fused) or read in pass one.
+  for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
+    const V xv = FUSED ? V::load(res + j * VEC) : V::load(x + j * VEC);
+    const V wv = V::load_ro(w + j * VEC);
+    V o;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) o.set(k, xv.get(k) * inv_rms * (wv.get(k) + p.weight_offset));
+    o.store(out + j * VEC);
+  }
+}
+
+// How a launch is shaped. One table of choices, documented here.
+struct LaunchShape {
+  int vec;             // elements per vector access (16-byte when alignment allows)
+  int items;           // vectors per thread (register-resident kernel); 0 = the two-pass kernel
+  int group;           // threads per row (blockDim.x)
+  int rows_per_block;  // blockDim.y
+  int64_t blocks;
+};
+
+inline bool aligned(const void* p, int64_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+// The widest vector (<= 16 bytes) that every row start, the weight and cols allow.
+template <typename T>
+int choose_vec(const NormParams& p, bool fused) {
+  for (int vec = 16 / int(sizeof(T)); vec > 1; vec /= 2) {
+    const int64_t bytes = vec * int64_t(sizeof(T));
+    bool ok = p.cols % vec == 0 && aligned(p.out, bytes) && aligned(p.input, bytes) && aligned(p.weight, bytes) &&
+              p.out_stride0 % vec == 0 && p.out_stride1 % vec == 0 && p.in_stride0 % vec == 0 &&
+              p.in_stride1 % vec == 0;
+    if (fused) ok = ok && aligned(p.residual, bytes) && p.res_stride0 % vec == 0 && p.res_stride1 % vec == 0;
+    if (ok) return vec;
+  }
+  return 1;
+}
+
+template <typename T>
+LaunchShape choose_shape(const NormParams& p, bool fused, int sms) {
+  LaunchShape s{};
+  s.vec = choose_vec<T>(p, fused);
+  const int64_t nvec = p.cols / s.vec;
+  const int64_t rows = p.rows();
+  // Enough rows to fill every SM several times: 4 vectors per thread (more loads in flight per
+  // thread, fewer threads per row). Few rows: spread each row over more threads instead.
+  int64_t items = rows >= 4 * int64_t(sms) ? 4 : 1;
+  int64_t group = next_pow2(ceil_div<int64_t>(nvec, items));
+  while (group > max_group(int(items)) && items <= kMaxItems) {
+    items *= 2;
+    group = next_pow2(ceil_div<int64_t>(nvec, items));
+  }
+  if (items > kMaxItems) {  // row longer than the registers of one block hold
+    s.items = 0;
+    s.group = kMaxThreads;
+    s.rows_per_block = 1;
+    s.blocks = rows;
+    return s;
+  }
+  s.items = int(items);
+  s.group = int(group);
+  s.rows_per_block = group <= 32 ? kThreadsPerBlock / int(group) : 1;
+  s.blocks = ceil_div<int64_t>(rows, s.rows_per_block);
+  return s;
+}
+
+template <typename T, bool FUSED>
+Status launch(const NormParams& p, LaunchContext ctx) {
+  if (p.rows() == 0) return Status::Ok();
+  DeviceGuard guard(ctx.device);
+  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
+  const LaunchShape s = choose_shape<T>(p, FUSED, sm_count());
+  if (s.blocks > 0x7fffffffLL) {
+    return Status::Error(1, "rmsnorm: " + std::to_string(p.rows()) + " rows exceed the grid limit");
+  }
+  const dim3 grid(static_cast<unsigned>(s.blocks));
+  const dim3 block(s.group, s.rows_per_block);
+  bool launched = false;
+  auto with_vec = [&](auto kVec) {
+    constexpr int VEC = decltype(kVec)::value;
+    if (s.items == 0) {
+      rmsnorm_rows_large<T, VEC, FUSED><<<grid, block, 0, stream>>>(p);
+      launched = true;
+      return;
+    }
+    launched = dispatch_value<1, 2, 4, 8>(s.items, [&](auto kItems) {
+      rmsnorm_rows<T, VEC, decltype(kItems)::value, FUSED><<<grid, block, 0, stream>>>(p);
+    });
+  };
+  bool vec_ok = false;
+  if constexpr (sizeof(T) == 4) {
+    vec_ok = dispatch_value<1, 2, 4>(s.vec, with_vec);
+  } else {
+    vec_ok = dispatch_value<1, 2, 4, 8>(s.vec, with_vec);
+  }
+  if (!vec_ok || !launched) {
+    return Status::Error(1, "rmsnorm: no kernel for vec=" + std::to_string(s.vec) + " items=" +
+                                std::to_string(s.items) + " (allowed items: " + allowed_values<1, 2, 4, 8>() + ")");
+  }
+  return cuda_status(cudaGetLastError(), "rmsnorm kernel launch");
+}
+
+}  // namespace kiln::norm

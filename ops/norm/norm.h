@@ -1,0 +1,40 @@
+// RMSNorm family: the parameters and entry points shared by the CUDA and the host backends.
+//
+//   rmsnorm:            out[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * (w + weight_offset)
+//   fused_add_rmsnorm:  residual[r, :] += x[r, :]   (rounded to the element type), then
+//                       x[r, :] = rmsnorm(residual[r, :])   (in place)
+//   weight_offset = 0 for RMSNorm, 1 for Gemma's (1 + w) variant.
+//
+// Layout: every row tensor is viewed as [d0, d1, cols] (a 2-D tensor has d0 = 1), the last
+// dimension contiguous, the two leading strides arbitrary (element units, int64). The weight is
+// [cols], contiguous. Accumulation is float32. The element type is the module's specialisation
+// (kiln::spec::dtype); a module serves one dtype. Framework free (R3.1).
+#pragma once
+
+#include <cstdint>
+
+#include "ops/common/macros.h"
+#include "ops/common/status.h"
+
+namespace kiln::norm {
+
+struct NormParams {
+  void* out;  // fused_add_rmsnorm: the input itself (normalised in place)
+  const void* input;
+  void* residual;  // fused_add_rmsnorm only
+  const void* weight;
+  int64_t d0, d1, cols;  // rows = d0 * d1
+  int64_t out_stride0, out_stride1;
+  int64_t in_stride0, in_stride1;
+  int64_t res_stride0, res_stride1;
+  float eps;
+  float weight_offset;
+
+  KILN_HOST_DEVICE int64_t rows() const { return d0 * d1; }
+};
+
+// Implemented once per backend for the module's dtype (norm_cuda.cu, norm_host.cc).
+Status rmsnorm(const NormParams& p, LaunchContext ctx);
+Status fused_add_rmsnorm(const NormParams& p, LaunchContext ctx);
+
+}  // namespace kiln::norm

@@ -1,0 +1,16 @@
+// //ops:norm, CUDA backend: the entry points of norm.h for this module's dtype.
+// Copied into the specialisation's generated directory, next to its spec_config.h.
+#include "ops/norm/norm.cuh"
+#include "spec_config.h"
+
+namespace kiln::norm {
+
+Status rmsnorm(const NormParams& p, LaunchContext ctx) {
+  return launch<spec::dtype, false>(p, ctx);
+}
+
+Status fused_add_rmsnorm(const NormParams& p, LaunchContext ctx) {
+  return launch<spec::dtype, true>(p, ctx);
+}
+
+}  // namespace kiln::norm

@@ -1,0 +1,16 @@
+// //ops:norm, host backend: the entry points of norm.h for this module's dtype.
+// Copied into the specialisation's generated directory, next to its spec_config.h.
+#include "ops/norm/norm_host.h"
+#include "spec_config.h"
+
+namespace kiln::norm {
+
+Status rmsnorm(const NormParams& p, LaunchContext) {
+  return host::run<spec::dtype, false>(p);
+}
+
+Status fused_add_rmsnorm(const NormParams& p, LaunchContext) {
+  return host::run<spec::dtype, true>(p);
+}
+
+}  // namespace kiln::norm

@@ -1,0 +1,46 @@
+// RMSNorm on the CPU: the host backend of //ops:norm (see norm.h for the contract).
+//
+// Same arithmetic as the CUDA kernels: float32 accumulation, fused residual rounded to T before it
+// is normalised, output rounded once. Rows are processed one after another on the calling thread.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "ops/common/dtypes.h"
+#include "ops/norm/norm.h"
+
+namespace kiln::norm::host {
+
+inline int64_t row_offset(int64_t row, int64_t d1, int64_t s0, int64_t s1) {
+  return (row / d1) * s0 + (row % d1) * s1;
+}
+
+template <typename T, bool FUSED>
+Status run(const NormParams& p) {
+  using C = Convert<T>;
+  const T* w = static_cast<const T*>(p.weight);
+  for (int64_t row = 0; row < p.rows(); ++row) {
+    const T* x = static_cast<const T*>(p.input) + row_offset(row, p.d1, p.in_stride0, p.in_stride1);
+    T* out = static_cast<T*>(p.out) + row_offset(row, p.d1, p.out_stride0, p.out_stride1);
+    T* res = FUSED ? static_cast<T*>(p.residual) + row_offset(row, p.d1, p.res_stride0, p.res_stride1) : nullptr;
+    // Fused: residual += x first (rounded to T); the row to normalise is then the residual.
+    const T* src = x;
+    if constexpr (FUSED) {
+      for (int64_t j = 0; j < p.cols; ++j) res[j] = C::from_float(C::to_float(x[j]) + C::to_float(res[j]));
+      src = res;
+    }
+    float sum_sq = 0.0f;
+    for (int64_t j = 0; j < p.cols; ++j) {
+      const float v = C::to_float(src[j]);
+      sum_sq += v * v;
+    }
+    const float inv_rms = 1.0f / std::sqrt(sum_sq / static_cast<float>(p.cols) + p.eps);
+    for (int64_t j = 0; j < p.cols; ++j) {
+      out[j] = C::from_float(C::to_float(src[j]) * inv_rms * (C::to_float(w[j]) + p.weight_offset));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace kiln::norm::host

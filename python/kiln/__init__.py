@@ -1,0 +1,30 @@
+"""kiln: JIT-compiled GPU kernels for LLM inference, with a CPU backend for every op.
+
+    import kiln
+    y = kiln.rmsnorm(x, w)          # compiled for x's device on first use, cached afterwards
+
+The public API follows FlashInfer's names where an op exists there. The build graph, the JIT
+runtime and the kernel sources ship inside the package as kiln.codegen, kiln.runtime, kiln/_src.
+"""
+
+from __future__ import annotations
+
+from . import utils
+from .norm import fused_add_rmsnorm, gemma_fused_add_rmsnorm, gemma_rmsnorm, rmsnorm
+
+__all__ = [
+    "__version__",
+    "fused_add_rmsnorm",
+    "gemma_fused_add_rmsnorm",
+    "gemma_rmsnorm",
+    "rmsnorm",
+    "utils",
+]
+
+
+def __getattr__(name: str):
+    if name == "__version__":  # read from version.txt (R7.15) on first access, not at import
+        from kiln.runtime.sources import kiln_version
+
+        return kiln_version()
+    raise AttributeError(f"module 'kiln' has no attribute {name!r}")

@@ -1,0 +1,133 @@
+"""RMSNorm and friends (//ops:norm), with FlashInfer's names and argument order.
+
+    rmsnorm(input, weight, eps=1e-6, out=None)          out = input * rsqrt(mean(input^2) + eps) * weight
+    fused_add_rmsnorm(input, residual, weight, eps)     residual += input; input = rmsnorm(residual)
+    gemma_rmsnorm(input, weight, eps=1e-6, out=None)    ... * (1 + weight)
+    gemma_fused_add_rmsnorm(input, residual, weight, eps)
+
+input: [tokens, hidden] or [batch, seq, hidden], float32/float16/bfloat16, contiguous in its last
+dimension (leading strides are free); weight: [hidden], same dtype. CUDA tensors run the CUDA
+kernels, CPU tensors the host backend. Statistics are accumulated in float32; the fused variants
+round the residual sum to the input dtype before normalising it, exactly as the unfused sequence
+would.
+
+Each function is a torch custom op (kiln::rmsnorm, kiln::fused_add_rmsnorm) with a fake
+implementation, so torch.compile(fullgraph=True) traces it; in eager mode the launcher is called
+directly (no dispatcher overhead). Launches go to the caller's current stream, so CUDA-graph
+capture works once the module has been loaded by an earlier call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _dtypes, _jit
+
+LABEL = "//ops:norm"
+
+
+def _check_tensors(api: str, **tensors) -> None:
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{api}: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _module(input: torch.Tensor, api: str):
+    dtype = _dtypes.short_name(input.dtype, api, _jit.axis_values(LABEL, "dtype"))
+    return _jit.module_for(LABEL, (("dtype", dtype),), input.device)
+
+
+def _rmsnorm_impl(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, eps: float,
+                  weight_offset: float) -> None:
+    mod = _module(input, "kiln.rmsnorm")
+    mod.rmsnorm(_jit.dl(out), _jit.dl(input), _jit.dl(weight), eps, weight_offset,
+                _jit.stream_of(input.device))
+
+
+def _fused_add_rmsnorm_impl(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                            eps: float, weight_offset: float) -> None:
+    mod = _module(input, "kiln.fused_add_rmsnorm")
+    mod.fused_add_rmsnorm(_jit.dl(input), _jit.dl(residual), _jit.dl(weight), eps, weight_offset,
+                          _jit.stream_of(input.device))
+
+
+# Custom ops for torch.compile (R8.3). Mutating ops that return nothing: the fake implementation
+# only has to accept the arguments.
+@torch.library.custom_op("kiln::rmsnorm", mutates_args=("out",))
+def _rmsnorm_op(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, eps: float,
+                weight_offset: float) -> None:
+    _rmsnorm_impl(out, input, weight, eps, weight_offset)
+
+
+@_rmsnorm_op.register_fake
+def _(out, input, weight, eps, weight_offset) -> None:
+    return None
+
+
+@torch.library.custom_op("kiln::fused_add_rmsnorm", mutates_args=("input", "residual"))
+def _fused_add_rmsnorm_op(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                          eps: float, weight_offset: float) -> None:
+    _fused_add_rmsnorm_impl(input, residual, weight, eps, weight_offset)
+
+
+@_fused_add_rmsnorm_op.register_fake
+def _(input, residual, weight, eps, weight_offset) -> None:
+    return None
+
+
+def _rmsnorm(input, weight, eps, out, weight_offset):
+    _check_tensors("kiln.rmsnorm", input=input, weight=weight)
+    if out is None:
+        out = torch.empty_like(input)
+    if torch.compiler.is_compiling():
+        _rmsnorm_op(out, input, weight, eps, weight_offset)
+    else:
+        _rmsnorm_impl(out, input, weight, eps, weight_offset)
+    return out
+
+
+def _fused_add_rmsnorm(input, residual, weight, eps, weight_offset):
+    _check_tensors("kiln.fused_add_rmsnorm", input=input, residual=residual, weight=weight)
+    if torch.compiler.is_compiling():
+        _fused_add_rmsnorm_op(input, residual, weight, eps, weight_offset)
+    else:
+        _fused_add_rmsnorm_impl(input, residual, weight, eps, weight_offset)
+
+
+def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """Root-mean-square normalisation over the last dimension.
+
+    ``out[..., j] = input[..., j] / sqrt(mean(input[..., :] ** 2) + eps) * weight[j]``
+
+    Args:
+        input: ``[tokens, hidden]`` or ``[batch, seq, hidden]``; float32, float16 or bfloat16.
+        weight: ``[hidden]``, the dtype of ``input``.
+        eps: added to the mean square before the square root.
+        out: optional output of ``input``'s shape and dtype (may be ``input`` itself).
+
+    Returns:
+        ``out`` (a new tensor when not given).
+    """
+    return _rmsnorm(input, weight, eps, out, 0.0)
+
+
+def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                      eps: float = 1e-6) -> None:
+    """In place: ``residual += input``, then ``input = rmsnorm(residual, weight, eps)``.
+
+    ``residual`` has ``input``'s shape and dtype and must not overlap it.
+    """
+    _fused_add_rmsnorm(input, residual, weight, eps, 0.0)
+
+
+def gemma_rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """Gemma's RMSNorm: ``input / sqrt(mean(input ** 2) + eps) * (1 + weight)``."""
+    return _rmsnorm(input, weight, eps, out, 1.0)
+
+
+def gemma_fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                            eps: float = 1e-6) -> None:
+    """In place: ``residual += input``, then ``input = gemma_rmsnorm(residual, weight, eps)``."""
+    _fused_add_rmsnorm(input, residual, weight, eps, 1.0)

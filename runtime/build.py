@@ -1,0 +1,213 @@
+"""Turning a CompileSpec into a build plan (flags, key), and compiling and publishing it.
+
+A plan is pure: computing it reads the spec's input files and the compilers' identity, and writes
+nothing. `compile_plan` renders the sources into the generated workspace, writes the manifest,
+runs ninja and publishes the library atomically: the library under a new name (temp + rename),
+then metadata.json as the commit marker.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import env, metadata, ninja, resources, sources
+from .arch import Arch, ArchContext
+from .files import write_atomic, write_if_different
+from .key import KEY_FORMAT, action_key, collect_deps, file_digest, spec_key
+from .log import logger
+from .spec import CompileSpec
+from .toolchain import Compiler, cuda_home, cuda_lib_dir, host_compiler, nvcc
+from .workspace import Workspace
+
+
+class CompileError(RuntimeError):
+    """A module failed to compile. The message holds the compiler's own output and the command."""
+
+    def __init__(self, module: str, output: str, build_dir: Path):
+        self.module = module
+        self.output = output
+        self.build_dir = build_dir
+        tail = output if len(output) < 20000 else "...\n" + output[-20000:]
+        super().__init__(
+            f"kiln: compiling {module} failed.\n{tail.rstrip()}\n"
+            f"(ninja, in {build_dir}: the FAILED line above is the command that failed; "
+            f"KILN_JIT_VERBOSE=1 streams the compiler output; "
+            f"'python -m codegen explain' prints every command and the key)"
+        )
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    spec: CompileSpec
+    workspace: Workspace
+    archs: tuple[Arch, ...]
+    cxx: Compiler
+    nvcc: Compiler | None
+    cxx_flags: tuple[str, ...]
+    cuda_flags: tuple[str, ...]
+    link_flags: tuple[str, ...]
+    key_parts: dict
+    spec_key: str
+    gen_dir: Path
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def module_dir(self) -> Path:
+        return self.workspace.module_dir(self.spec.name)
+
+    @property
+    def key_dir(self) -> Path:
+        return self.workspace.key_dir(self.spec.name, self.spec_key)
+
+    @property
+    def output(self) -> str:
+        return f"{self.spec.name}.so"
+
+    def describe(self) -> str:
+        """"norm_dtype_bf16_cuda [cuda sm_90a]", "norm_dtype_bf16_host [host]"."""
+        if not self.archs:
+            return f"{self.spec.name} [{self.spec.toolchain}]"
+        return f"{self.spec.name} [{self.spec.toolchain} {','.join('sm_' + a.sm for a in self.archs)}]"
+
+
+def _input_digests(spec: CompileSpec) -> dict[str, str]:
+    root = sources.source_root()
+    out = {}
+    for p in spec.inputs:
+        p = Path(p).resolve()
+        name = str(p.relative_to(root)) if p.is_relative_to(root) else str(p)
+        out[name] = file_digest(p)
+    return out
+
+
+def _gen_key(spec: CompileSpec, inputs: dict[str, str]) -> str:
+    """The key of the generated directory: what the generated files are made from, nothing else."""
+    units = [[u.name, u.lang] for u in spec.units]
+    return spec_key({"params": dict(spec.params), "inputs": inputs, "units": units})
+
+
+def generated_dir(spec: CompileSpec, workspace: Workspace | None = None) -> Path:
+    """Where `spec`'s sources are generated; needs no compiler and no arch."""
+    workspace = workspace or Workspace.current()
+    return workspace.gen_dir(spec.uri, _gen_key(spec, _input_digests(spec)))
+
+
+def plan(spec: CompileSpec, arch_ctx: ArchContext | None = None,
+         workspace: Workspace | None = None) -> BuildPlan:
+    """The exact flags and the cache key of `spec` for the arch list in force. Writes nothing."""
+    workspace = workspace or Workspace.current()
+    cxx = host_compiler()
+    debug = env.get("KILN_JIT_DEBUG")
+    inputs = _input_digests(spec)
+    gen_dir = workspace.gen_dir(spec.uri, _gen_key(spec, inputs))
+    includes = [f"-I{gen_dir}"] + [f"-I{d}" for d in spec.include_dirs]
+    defines = [f"-DKILN_MODULE_NAME={spec.name}"]
+    # Only the host compiler builds Python-facing units; nvcc never needs Python's headers.
+    py_includes = [f"-isystem{d}" for d in sources.python_include_dirs()]
+    cxx_flags = [*spec.cxx_flags, *includes, *py_includes, *defines]
+    cuda_flags: list[str] = []
+    link_flags = [*spec.ldflags]
+    archs: tuple[Arch, ...] = ()
+    nv = None
+    if spec.toolchain == "cuda":
+        nv = nvcc()
+        archs = (arch_ctx or ArchContext.current()).restrict(spec.arch_families, spec.what)
+        home = cuda_home(nv.path)
+        cuda_flags = [*spec.cuda_flags, f"-ccbin={cxx.path}", *(a.gencode() for a in archs),
+                      *includes, *defines]
+        if env.get("KILN_JIT_LINEINFO") and not debug:
+            cuda_flags.append("-lineinfo")
+        cxx_flags.append("-DKILN_WITH_CUDA=1")
+        link_flags = [f"-L{cuda_lib_dir(home)}", *link_flags]
+    parts = {
+        "format": KEY_FORMAT,
+        "kiln_version": sources.kiln_version(),
+        "module": spec.name,
+        "uri": spec.uri,
+        "params": dict(spec.params),
+        "toolchain": {
+            "name": spec.toolchain,
+            "cxx": cxx.identity(),
+            **({"nvcc": nv.identity()} if nv else {}),
+        },
+        "archs": [str(a) for a in archs],
+        "flags": {"cxx": cxx_flags, "cuda": cuda_flags, "link": link_flags},
+        "python_abi": sources.python_abi(),
+        "inputs": inputs,
+        "units": [[u.name, u.lang] for u in spec.units],
+        "env": env.build_affecting(),
+    }
+    return BuildPlan(spec, workspace, archs, cxx, nv, tuple(cxx_flags), tuple(cuda_flags),
+                     tuple(link_flags), parts, spec_key(parts), gen_dir)
+
+
+def generate_sources(spec: CompileSpec, gen_dir: Path, workspace: Workspace) -> Path:
+    """Render `spec`'s sources into `gen_dir` (a directory of the generated workspace)."""
+    workspace.ensure(gen_dir)
+    if spec.generate is not None:
+        spec.generate(gen_dir)
+    missing = [u.name for u in spec.units if not (gen_dir / u.name).is_file()]
+    if missing:
+        raise RuntimeError(f"{spec.what}: generating sources did not produce {missing} in {gen_dir}")
+    return gen_dir
+
+
+def write_manifest(p: BuildPlan, build_dir: Path) -> Path:
+    threads = resources.estimate_jobs(p.spec.toolchain).nvcc_threads
+    cuda_flags = list(p.cuda_flags) + ([f"--threads={threads}"] if threads > 1 else [])
+    text = ninja.manifest(
+        cxx=p.cxx.path, nvcc=p.nvcc.path if p.nvcc else None, cxx_flags=p.cxx_flags,
+        cuda_flags=cuda_flags, link_flags=p.link_flags,
+        units=[(u.name, u.lang, u.obj) for u in p.spec.units], gen_dir=p.gen_dir,
+        output=p.output,
+    )
+    write_if_different(build_dir / "build.ninja", text)
+    return build_dir / "build.ninja"
+
+
+def compile_plan(p: BuildPlan, *, key_dir: Path | None = None, jobs: int | None = None,
+                 quiet: bool = False) -> metadata.Metadata:
+    """Generate, compile and publish `p` into `key_dir` (default: its cache slot). Caller holds
+    the module lock when `key_dir` is shared."""
+    log = logger()
+    key_dir = p.workspace.ensure(key_dir or p.key_dir)
+    gen_dir = generate_sources(p.spec, p.gen_dir, p.workspace)
+    build_dir = p.workspace.ensure(key_dir / "build")
+    write_manifest(p, build_dir)
+    est = resources.estimate_jobs(p.spec.toolchain)
+    n_jobs = jobs or min(est.jobs, len(p.spec.units))
+    if not quiet:
+        log.info("kiln: compiling %s (first use; cached afterwards)", p.describe())
+    start = time.monotonic()
+    try:
+        ninja.run(build_dir, n_jobs, env.get("KILN_JIT_VERBOSE"),
+                  on_tick=None if quiet else
+                  lambda s: log.info("kiln: still compiling %s (%.0fs)", p.describe(), s))
+    except ninja.NinjaFailed as e:
+        raise CompileError(p.describe(), e.output, build_dir) from None
+    elapsed = time.monotonic() - start
+    deps = collect_deps([build_dir / (u.obj + ".d") for u in p.spec.units], (gen_dir,))
+    akey = action_key(p.spec_key, deps)
+    lib_name = f"{p.spec.name}.{akey[:16]}{sources.extension_suffix()}"
+    write_atomic(key_dir / lib_name, (build_dir / p.output).read_bytes(), mode=0o700)
+    md = metadata.Metadata(
+        module=p.spec.name, uri=p.spec.uri, label=p.spec.label,
+        kiln_version=p.key_parts["kiln_version"], python_abi=p.key_parts["python_abi"],
+        spec_key=p.spec_key, action_key=akey, library=lib_name,
+        library_sha256=file_digest(key_dir / lib_name),
+        library_size=(key_dir / lib_name).stat().st_size, archs=[str(a) for a in p.archs],
+        toolchain=p.key_parts["toolchain"], key_parts=p.key_parts, deps=deps,
+        commands=ninja.commands(build_dir), built_at=time.time(), build_seconds=round(elapsed, 3),
+    )
+    metadata.write(key_dir, md)  # the commit marker, last
+    for old in key_dir.glob(f"{p.spec.name}.*{sources.extension_suffix()}"):
+        if old.name != lib_name:
+            old.unlink(missing_ok=True)  # an older build of this slot; loaded copies stay mapped
+    if not quiet:
+        log.info("kiln: compiled %s in %.1fs", p.describe(), elapsed)
+    return md

@@ -1,0 +1,120 @@
+"""Every environment variable kiln reads, declared once: name, type, default, whether it changes
+what a build produces, and what it does (docs/env.md is checked against this table by a test).
+
+Values are read from os.environ on every call (cheap) so tests and long-lived processes see
+changes; nothing is read at import time. Booleans accept 1/0/true/false/yes/no/on/off (any case);
+anything else is an error that names the variable and the value.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+
+class EnvError(ValueError):
+    """An environment variable holds a value kiln cannot use."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    kind: str  # "bool" | "int" | "str" | "path"
+    default: Any
+    doc: str
+    # True when the value changes the compiled output; such knobs are part of the cache key.
+    affects_build: bool = False
+
+
+_KNOBS = (
+    Knob("KILN_WORKSPACE_BASE", "path", "~/.cache/kiln",
+         "Root of the writable workspaces: generated sources, JIT artifacts, locks."),
+    Knob("KILN_CUDA_ARCH_LIST", "str", "",
+         "CUDA archs to compile for, e.g. '8.0 9.0a' or '8.0;9.0a' or 'sm_90a'. Empty: the "
+         "detected GPUs."),
+    Knob("KILN_DISABLE_JIT", "bool", False,
+         "Never compile: a module must come from the in-process, precompiled or disk cache, else "
+         "a clear error names it."),
+    Knob("KILN_JIT_VERBOSE", "bool", False,
+         "Stream the compiler's output while building. Does not change the build."),
+    Knob("KILN_JIT_DEBUG", "bool", False,
+         "Debug build (-O0 -g, device -G): a separate build with its own cache key.",
+         affects_build=True),
+    Knob("KILN_JIT_LINEINFO", "bool", False,
+         "Add -lineinfo to device code for profilers and sanitizers (own cache key).",
+         affects_build=True),
+    Knob("KILN_NO_CACHE", "bool", False,
+         "Build into a temporary directory and load from there; nothing is reused or kept."),
+    Knob("KILN_JIT_LOCK_TIMEOUT", "int", 1800,
+         "Seconds to wait for another process's compile of the same module before failing."),
+    Knob("KILN_JIT_LOGLEVEL", "str", "INFO",
+         "Level of the 'kiln.jit' logger (compiles, cache misses): DEBUG, INFO, WARNING, ERROR."),
+    Knob("MAX_JOBS", "int", 0,
+         "Parallel compile jobs; 0 = min(cores, free memory / (nvcc threads x memory per job))."),
+    Knob("KILN_NVCC_THREADS", "int", 1,
+         "nvcc --threads per job (parallel gencode compilation); counted in the memory estimate."),
+    Knob("KILN_NVCC", "path", "",
+         "The nvcc to use. Empty: $CUDA_HOME/bin/nvcc, else nvcc on PATH."),
+    Knob("CUDA_HOME", "path", "",
+         "CUDA toolkit root (headers, libcudart_static). Empty: derived from nvcc's location."),
+    Knob("CXX", "path", "",
+         "The host C++ compiler. Empty: c++, else g++ on PATH."),
+)
+
+KNOBS: dict[str, Knob] = {k.name: k for k in _KNOBS}
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def parse_bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE or value == "":
+        return False
+    raise EnvError(f"{name}={raw!r} is not a boolean; use 1/0/true/false/yes/no/on/off")
+
+
+def get(name: str) -> Any:
+    """The current value of a declared knob, parsed to its type (its default when unset)."""
+    knob = KNOBS[name]
+    raw = os.environ.get(name)
+    if raw is None or (raw.strip() == "" and knob.kind != "bool"):
+        return os.path.expanduser(knob.default) if knob.kind == "path" and knob.default else (
+            knob.default)
+    if knob.kind == "bool":
+        return parse_bool(name, raw)
+    if knob.kind == "int":
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise EnvError(f"{name}={raw!r} is not an integer") from None
+        if value < 0:
+            raise EnvError(f"{name}={raw!r} must be >= 0")
+        return value
+    if knob.kind == "path":
+        return os.path.expanduser(raw.strip())
+    return raw.strip()
+
+
+def build_affecting() -> dict[str, Any]:
+    """The knobs that change compiled output, with their current values (part of the cache key)."""
+    return {k.name: get(k.name) for k in _KNOBS if k.affects_build}
+
+
+def non_default() -> dict[str, str]:
+    """Every declared knob that is set to something other than its default (for reports)."""
+    out = {}
+    for knob in _KNOBS:
+        raw = os.environ.get(knob.name)
+        if raw is not None and get(knob.name) != get_default(knob):
+            out[knob.name] = raw
+    return out
+
+
+def get_default(knob: Knob) -> Any:
+    if knob.kind == "path" and knob.default:
+        return os.path.expanduser(knob.default)
+    return knob.default
