@@ -3,6 +3,7 @@ wherever nvcc exists, GPU or not, and check the SASS of each arch landed in the 
 
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,21 @@ pytestmark = pytest.mark.skipif(not available("cuda"), reason="needs nvcc")
 
 
 def _cuobjdump():
-    return shutil.which("cuobjdump")
+    """cuobjdump from PATH, the CUDA toolkit, or the nvidia-cuda-cuobjdump wheel (test extra)."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import nvidia.cu13 as cu13  # the wheel installs nvidia/cu13/bin/cuobjdump
+
+        for base in cu13.__path__:
+            candidate = Path(base) / "bin" / "cuobjdump"
+            if candidate.is_file():
+                candidate.chmod(candidate.stat().st_mode | 0o111)
+                return str(candidate)
+    except ImportError:
+        pass
+    return None
 
 
 @pytest.mark.slow
