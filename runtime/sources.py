@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import sys
 import sysconfig
+import threading
 from pathlib import Path
 
 
@@ -36,18 +37,29 @@ def kiln_version() -> str:
     return (source_root() / "version.txt").read_text().strip()
 
 
+# sysconfig fills its tables on first use, and not thread-safely: a thread that asks while another
+# fills them sees EXT_SUFFIX as None (CPython 3.11). Builds plan modules in parallel threads, so
+# every read goes through this lock.
+_sysconfig_lock = threading.Lock()
+
+
+def _config_var(name: str):
+    with _sysconfig_lock:
+        return sysconfig.get_config_var(name)
+
+
 @functools.lru_cache(maxsize=1)
 def python_abi() -> str:
     """The tag of the Python ABI a module is built for, e.g. 'cpython-311-x86_64-linux-gnu'."""
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    return suffix.strip(".").rsplit(".", 1)[0] or sys.implementation.cache_tag
+    return extension_suffix().strip(".").rsplit(".", 1)[0] or sys.implementation.cache_tag
 
 
 def extension_suffix() -> str:
-    return sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    return _config_var("EXT_SUFFIX") or ".so"
 
 
 def python_include_dirs() -> tuple[str, ...]:
-    paths = sysconfig.get_paths()
+    with _sysconfig_lock:
+        paths = sysconfig.get_paths()
     dirs = [paths["include"], paths.get("platinclude", paths["include"])]
     return tuple(dict.fromkeys(dirs))

@@ -1,0 +1,20 @@
+"""Where kiln's sources are, their portable names, and the Python ABI a module is built for."""
+
+from helpers import run_python
+
+from kiln.runtime import sources
+
+
+def test_sysconfig_race_cannot_give_a_wrong_python_abi():
+    """Regression: threads planning modules at start-up (python -m codegen build) could read
+    EXT_SUFFIX as None from sysconfig's lazily filled tables and key modules for Python ABI 'so'."""
+    out = run_python(
+        "import threading\n"
+        "from kiln.runtime import sources\n"
+        "seen = []\n"
+        "ts = [threading.Thread(target=lambda: seen.append((sources.python_abi(), "
+        "sources.extension_suffix(), sources.python_include_dirs()))) for _ in range(8)]\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]\n"
+        "print(len(set(seen)), seen[0][0])\n")
+    assert out.stdout.split() == ["1", sources.python_abi()]
+    assert sources.python_abi().startswith("cpython-")
