@@ -6,12 +6,10 @@ Exit status 0 on success; otherwise non-zero, and the last line on stderr says w
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as futures
 import json
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -24,7 +22,8 @@ from kiln.runtime.spec import CompileSpec
 from kiln.runtime.toolchain import available
 from kiln.runtime.workspace import Workspace
 
-from .dispatch import expand
+from .batch import BuildFailed, build_all
+from .dispatch import expand, released
 from .graph import load_graph
 from .specs import compile_spec
 
@@ -89,10 +88,13 @@ def cmd_query(args) -> int:
             print(f"  unsupported    {', '.join(f'{a}={v}' for a, v in ex.match)}: {ex.reason}")
         print(f"  specialisations {len(specs)} (x {len(t.toolchains)} toolchain(s) = "
               f"{len(specs) * len(t.toolchains)} modules)")
+        shipped = released(t)
+        print(f"  release        {len(shipped)} specialisation(s) ship precompiled" +
+              ("" if t.release is not None else " (no release= in its BUILD file)"))
         if args.specs:
             for s in specs:
                 mods = ", ".join(s.module_name(tc) for tc in t.toolchains)
-                print(f"    {s.uri:<40} {mods}")
+                print(f"    {s.uri:<40} {mods}" + ("  [release]" if s in shipped else ""))
     return 0
 
 
@@ -115,59 +117,13 @@ def cmd_build(args) -> int:
     toolchain = _default_toolchain(args)
     ctx = ArchContext.current(args.arch_list)
     specs = _specs(args, toolchain)
-    est = resources.estimate_jobs(toolchain)
-    total_jobs = args.jobs or est.jobs
-    workers = max(1, min(total_jobs, len(specs)))
-    per_module = max(1, total_jobs // workers)
     what = f"{toolchain}" + (f" for [{arch_mod.format_arch_list(ctx.requested)}]"
                              if toolchain == "cuda" else "")
-    print(f"building {len(specs)} module(s) of {args.label} with {what}; {total_jobs} job(s) "
-          f"({'-j' if args.jobs else est.reason})", flush=True)
-    results: dict[str, str] = {}
-    running: dict[str, float] = {}
-    lock = threading.Lock()
-    done = threading.Event()
-
-    def one(spec: CompileSpec) -> tuple[str, str, float]:
-        start = time.monotonic()
-        with lock:
-            running[spec.name] = start
-        try:
-            status, _ = jit.build(spec, ctx, jobs=per_module, force=args.force, quiet=True)
-            return spec.name, status, time.monotonic() - start
-        finally:
-            with lock:
-                running.pop(spec.name, None)
-
-    def ticker():
-        while not done.wait(15):
-            with lock:
-                busy = ", ".join(f"{n} ({time.monotonic() - s:.0f}s)" for n, s in running.items())
-            if busy:
-                print(f"  still compiling: {busy}", flush=True)
-
-    threading.Thread(target=ticker, daemon=True).start()
-    failures = []
-    with futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        jobs = {pool.submit(one, s): s for s in specs}
-        for i, fut in enumerate(futures.as_completed(jobs), 1):
-            spec = jobs[fut]
-            try:
-                name, status, secs = fut.result()
-                results[name] = status
-                print(f"[{i}/{len(specs)}] {status:<6} {name} ({secs:.1f}s)", flush=True)
-            except Exception as e:  # report every failure, then fail the command
-                results[spec.name] = "failed"
-                failures.append((spec.name, e))
-                print(f"[{i}/{len(specs)}] FAILED {spec.name}", flush=True)
-    done.set()
-    for name, e in failures:
-        print(f"\n--- {name} ---\n{e}", file=sys.stderr)
-    counts = {k: list(results.values()).count(k) for k in ("built", "cached", "failed")}
-    print(f"summary: {counts['built']} built, {counts['cached']} cached, {counts['failed']} failed")
-    if failures:
-        raise CliError(f"{len(failures)} of {len(specs)} module(s) failed to build: "
-                       f"{', '.join(n for n, _ in failures)}")
+    print(f"building {len(specs)} module(s) of {args.label} with {what}; ", end="", flush=True)
+    try:
+        build_all(specs, ctx, toolchain=toolchain, jobs=args.jobs, force=args.force)
+    except BuildFailed as e:
+        raise CliError(str(e)) from None
     return 0
 
 
@@ -196,16 +152,20 @@ def cmd_explain(args) -> int:
         md, reason = jit.check(p)
         print(f"\n== {p.describe()}  ({spec.label}, uri {spec.uri})")
         print(f"spec key    {p.spec_key}")
+        print(f"portable key {p.portable_key}  (finds precompiled modules; docs/release.md)")
         print(f"cache slot  {p.key_dir}")
         print(f"generated   {p.gen_dir}")
         print("key parts:")
         for line in json.dumps(p.key_parts, indent=2, sort_keys=True).splitlines():
             print(f"  {line}")
-        with tempfile.TemporaryDirectory() as tmp:
-            rt_build.write_manifest(p, Path(tmp))
-            print("compile commands:")
-            for c in ninja.commands(Path(tmp)):
-                print(f"  {c}")
+        if p.toolchain_problem:
+            print(f"compile commands: none, the toolchain is unavailable: {p.toolchain_problem}")
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                rt_build.write_manifest(p, Path(tmp))
+                print("compile commands:")
+                for c in ninja.commands(Path(tmp)):
+                    print(f"  {c}")
         if reason is None:
             print(f"status: up to date (action key {md.action_key[:16]}, built "
                   f"{time.ctime(md.built_at)} in {md.build_seconds:.1f}s); no build would happen")
@@ -265,7 +225,8 @@ def _size(path: Path) -> tuple[int, int]:
 def cmd_where(args) -> int:
     ws = Workspace.current()
     print(f"workspace base  {ws.base}  (KILN_WORKSPACE_BASE)")
-    for title, d in (("generated", ws.generated), ("artifacts", ws.artifacts)):
+    for title, d in (("generated", ws.generated), ("artifacts", ws.artifacts),
+                     ("downloads", ws.downloads)):
         n, size = _size(d)
         mods = sorted(p.name for p in d.iterdir()) if d.exists() else []
         print(f"{title:<15} {d}  ({len(mods)} entries, {n} files, {size / 1e6:.1f} MB)")

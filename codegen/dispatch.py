@@ -66,6 +66,14 @@ def expand(target: Target, selection: dict[str, list[str]] | None = None) -> lis
     return out
 
 
+def released(target: Target) -> list[Specialisation]:
+    """The specialisations precompiled packages ship, as the target's `release=` registers them
+    (R3.12); [] for a target that registers none."""
+    if target.release is None:
+        return []
+    return expand(target, {axis: list(values) for axis, values in target.release})
+
+
 def specialisation(target: Target, params: dict) -> Specialisation:
     """The one specialisation for a full assignment of the target's axes, or a clear error."""
     params = {a: str(v).lower() for a, v in params.items()}

@@ -10,6 +10,8 @@
         archs=["sm80", "sm90", "sm100", "sm120"],        # WORKSPACE families; "sm90a" = needs 9.0a
         templates=["decode_config.h.jinja"],             # Jinja files rendered per specialisation
         cflags=[], cuda_flags=[], ldflags=[],
+        release="all",                    # which specialisations ship precompiled (R3.12):
+                                          # "all", {"dtype": ["bf16"]} (a selection), or omitted
         doc="one line: what the target provides",
     )
 """
@@ -61,6 +63,9 @@ class Target:
     include_dirs: tuple[str, ...]
     doc: str = ""
     toolchains: tuple[str, ...] = field(default=())
+    # The specialisations precompiled packages ship (R3.12): None = none, () = all, otherwise the
+    # selection per axis (axes not named: every value).
+    release: tuple[tuple[str, tuple[str, ...]], ...] | None = None
 
     @property
     def label(self) -> str:
@@ -81,9 +86,31 @@ def _value(v) -> str:
     return str(v).lower()
 
 
+def _release(where: str, release, axes: dict[str, tuple[str, ...]]):
+    """Validate `release=`: None, "all", or {axis: [values]} naming only the target's axes."""
+    if release is None:
+        return None
+    if release == "all":
+        return ()
+    if not isinstance(release, dict) or not release:
+        raise BuildFileError(f'{where}: release= takes "all" or {{axis: [values]}}, got {release!r}')
+    out = []
+    for axis, values in release.items():
+        vals = tuple(_value(v) for v in (values if isinstance(values, (list, tuple)) else [values]))
+        if axis not in axes:
+            raise BuildFileError(f"{where}: release= names axis {axis!r}; the dispatch axes are "
+                                 f"{', '.join(axes) or '(none)'}")
+        bad = [v for v in vals if v not in axes[axis]]
+        if bad or not vals:
+            raise BuildFileError(f"{where}: release= names {axis}={','.join(bad) or '(nothing)'}; "
+                                 f"{axis} takes {', '.join(axes[axis])}")
+        out.append((axis, vals))
+    return tuple(out)
+
+
 def make_target(build_file: Path, root: str, *, name: str, binding: str, srcs=(), host_srcs=(),
                 dispatch=None, exclude=(), archs=(), templates=(), cflags=(), cuda_flags=(),
-                ldflags=(), include_dirs=(), doc: str = "") -> Target:
+                ldflags=(), include_dirs=(), release=None, doc: str = "") -> Target:
     where = f"{build_file}: op_library(name={name!r})"
     if not _NAME.match(name):
         raise BuildFileError(f"{where}: name must match {_NAME.pattern}")
@@ -112,6 +139,7 @@ def make_target(build_file: Path, root: str, *, name: str, binding: str, srcs=()
             if a not in known or v not in known[a]:
                 raise BuildFileError(f"{where}: unsupported() names {a}={v}, not in the dispatch")
     return Target(
+        release=_release(where, release, dict(axes)),
         name=name, root=root, build_file=build_file, srcs=tuple(srcs), host_srcs=tuple(host_srcs),
         binding=binding, dispatch=tuple(axes), exclude=tuple(exclude), archs=tuple(archs),
         templates=tuple(templates), cflags=tuple(cflags), cuda_flags=tuple(cuda_flags),

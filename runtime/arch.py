@@ -75,6 +75,43 @@ def format_arch_list(archs) -> str:
     return " ".join(str(a) for a in archs)
 
 
+def arch_list_tag(archs) -> str:
+    """The arch list as a path component of the artifact repository: "8.0 9.0a" -> "sm80-sm90a"."""
+    return "-".join(f"sm{a.sm}" + ("+ptx" if a.ptx else "") for a in sorted(set(archs)))
+
+
+def parse_arch_list_tag(tag: str) -> tuple[Arch, ...]:
+    """The inverse of arch_list_tag; ArchError for anything else."""
+    if not tag.startswith("sm"):
+        raise ArchError(f"{tag!r} is not an arch list tag such as 'sm80-sm90a'")
+    return parse_arch_list(tag.replace("-", " "))
+
+
+def runs_on(built: Arch, device: Arch) -> bool:
+    """Can SASS compiled for `built` run on a device of compute capability `device`?
+
+    Generic SASS runs on the same and later minor versions of its major (8.0 code on 8.6 and 8.9);
+    family-specific ("f") code likewise within its family; arch-specific ("a") code only on its own
+    compute capability (CUDA C++ Programming Guide, "Binary Compatibility")."""
+    if built.major != device.major:
+        return False
+    if built.suffix == "a":
+        return built.minor == device.minor
+    return built.minor <= device.minor
+
+
+def uncovered(built: tuple[Arch, ...], wanted: tuple[Arch, ...]) -> list[Arch]:
+    """The archs in `wanted` that a module compiled for `built` cannot serve. A wanted "a" arch
+    (a target that needs 9.0a features) needs "a" code; a wanted "+PTX" needs that PTX."""
+    missing = []
+    for w in wanted:
+        ok = any(runs_on(b, w) and (w.suffix != "a" or b.suffix == "a")
+                 and (not w.ptx or (b.ptx and b.cc == w.cc)) for b in built)
+        if not ok:
+            missing.append(w)
+    return missing
+
+
 @dataclass(frozen=True)
 class ArchFamily:
     """A family a target supports: its name, the compute capabilities in it, and whether the target

@@ -1,7 +1,9 @@
-"""Turning a CompileSpec into a build plan (flags, key), and compiling and publishing it.
+"""Turning a CompileSpec into a build plan (flags, keys), and compiling and publishing it.
 
 A plan is pure: computing it reads the spec's input files and the compilers' identity, and writes
-nothing. `compile_plan` renders the sources into the generated workspace, writes the manifest,
+nothing. It needs no compiler: when one is missing, the plan still has its portable key (which
+finds precompiled modules) and records the problem, and only checking the disk cache or compiling
+fails on it. `compile_plan` renders the sources into the generated workspace, writes the manifest,
 runs ninja and publishes the library atomically: the library under a new name (temp + rename),
 then metadata.json as the commit marker.
 """
@@ -18,7 +20,7 @@ from .files import write_atomic, write_if_different
 from .key import KEY_FORMAT, action_key, collect_deps, file_digest, spec_key
 from .log import logger
 from .spec import CompileSpec
-from .toolchain import Compiler, cuda_home, cuda_lib_dir, host_compiler, nvcc
+from .toolchain import Compiler, ToolchainError, cuda_home, cuda_lib_dir, host_compiler, nvcc
 from .workspace import Workspace
 
 
@@ -43,7 +45,7 @@ class BuildPlan:
     spec: CompileSpec
     workspace: Workspace
     archs: tuple[Arch, ...]
-    cxx: Compiler
+    cxx: Compiler | None  # None when toolchain_problem says why
     nvcc: Compiler | None
     cxx_flags: tuple[str, ...]
     cuda_flags: tuple[str, ...]
@@ -51,6 +53,9 @@ class BuildPlan:
     key_parts: dict
     spec_key: str
     gen_dir: Path
+    portable_parts: dict
+    portable_key: str
+    toolchain_problem: str | None = None  # a compiler is missing: nothing can be checked or built
 
     @property
     def name(self) -> str:
@@ -76,12 +81,11 @@ class BuildPlan:
 
 
 def _input_digests(spec: CompileSpec) -> dict[str, str]:
-    root = sources.source_root()
+    """{portable name (absolute path for a file outside kiln): SHA-256} of the spec's inputs."""
     out = {}
     for p in spec.inputs:
         p = Path(p).resolve()
-        name = str(p.relative_to(root)) if p.is_relative_to(root) else str(p)
-        out[name] = file_digest(p)
+        out[sources.portable_name(p) or str(p)] = file_digest(p)
     return out
 
 
@@ -97,14 +101,59 @@ def generated_dir(spec: CompileSpec, workspace: Workspace | None = None) -> Path
     return workspace.gen_dir(spec.uri, _gen_key(spec, _input_digests(spec)))
 
 
+def _tools(spec: CompileSpec) -> tuple[Compiler, Compiler | None, str | None]:
+    """The host compiler, nvcc and the CUDA library directory a spec needs; ToolchainError when
+    one is missing."""
+    cxx = host_compiler()
+    if spec.toolchain != "cuda":
+        return cxx, None, None
+    nv = nvcc()
+    return cxx, nv, cuda_lib_dir(cuda_home(nv.path))
+
+
+def portable_parts(spec: CompileSpec, inputs: dict[str, str], defines: list[str]) -> dict:
+    """The key parts that are the same on every machine that builds `spec` (docs/release.md):
+    no compiler identity, no absolute path, no archs."""
+    cxx_flags = [*spec.cxx_flags, *defines]
+    cuda_flags: list[str] = []
+    if spec.toolchain == "cuda":
+        cuda_flags = [*spec.cuda_flags, *defines]
+        if env.get("KILN_JIT_LINEINFO") and not env.get("KILN_JIT_DEBUG"):
+            cuda_flags.append("-lineinfo")
+        cxx_flags.append("-DKILN_WITH_CUDA=1")
+    return {
+        "format": KEY_FORMAT,
+        "kiln_version": sources.kiln_version(),
+        "module": spec.name,
+        "uri": spec.uri,
+        "params": dict(spec.params),
+        "toolchain": spec.toolchain,
+        "flags": {"cxx": cxx_flags, "cuda": cuda_flags, "link": list(spec.ldflags)},
+        # Include directories of kiln's own (others belong to the toolchain's identity).
+        "include_dirs": [n for n in map(sources.portable_name, spec.include_dirs) if n],
+        "python_abi": sources.python_abi(),
+        "inputs": inputs,
+        "units": [[u.name, u.lang] for u in spec.units],
+        "env": env.build_affecting(),
+    }
+
+
 def plan(spec: CompileSpec, arch_ctx: ArchContext | None = None,
          workspace: Workspace | None = None) -> BuildPlan:
-    """The exact flags and the cache key of `spec` for the arch list in force. Writes nothing."""
+    """The exact flags and the keys of `spec` for the arch list in force. Writes nothing, and
+    needs no compiler (a missing one is recorded in `toolchain_problem`)."""
     workspace = workspace or Workspace.current()
-    cxx = host_compiler()
     debug = env.get("KILN_JIT_DEBUG")
     inputs = _input_digests(spec)
     gen_dir = workspace.gen_dir(spec.uri, _gen_key(spec, inputs))
+    archs: tuple[Arch, ...] = ()
+    if spec.toolchain == "cuda":
+        archs = (arch_ctx or ArchContext.current()).restrict(spec.arch_families, spec.what)
+    problem = None
+    try:
+        cxx, nv, cuda_lib = _tools(spec)
+    except ToolchainError as e:
+        cxx, nv, cuda_lib, problem = None, None, None, str(e)
     includes = [f"-I{gen_dir}"] + [f"-I{d}" for d in spec.include_dirs]
     defines = [f"-DKILN_MODULE_NAME={spec.name}"]
     # Only the host compiler builds Python-facing units; nvcc never needs Python's headers.
@@ -112,29 +161,25 @@ def plan(spec: CompileSpec, arch_ctx: ArchContext | None = None,
     cxx_flags = [*spec.cxx_flags, *includes, *py_includes, *defines]
     cuda_flags: list[str] = []
     link_flags = [*spec.ldflags]
-    archs: tuple[Arch, ...] = ()
-    nv = None
     if spec.toolchain == "cuda":
-        nv = nvcc()
-        archs = (arch_ctx or ArchContext.current()).restrict(spec.arch_families, spec.what)
-        home = cuda_home(nv.path)
-        cuda_flags = [*spec.cuda_flags, f"-ccbin={cxx.path}", *(a.gencode() for a in archs),
-                      *includes, *defines]
+        ccbin = [f"-ccbin={cxx.path}"] if cxx else []
+        cuda_flags = [*spec.cuda_flags, *ccbin, *(a.gencode() for a in archs), *includes, *defines]
         if env.get("KILN_JIT_LINEINFO") and not debug:
             cuda_flags.append("-lineinfo")
         cxx_flags.append("-DKILN_WITH_CUDA=1")
-        link_flags = [f"-L{cuda_lib_dir(home)}", *link_flags]
+        link_flags = ([f"-L{cuda_lib}"] if cuda_lib else []) + link_flags
+    if problem is None:
+        toolchain = {"name": spec.toolchain, "cxx": cxx.identity(),
+                     **({"nvcc": nv.identity()} if nv else {})}
+    else:
+        toolchain = {"name": spec.toolchain, "unavailable": problem}
     parts = {
         "format": KEY_FORMAT,
         "kiln_version": sources.kiln_version(),
         "module": spec.name,
         "uri": spec.uri,
         "params": dict(spec.params),
-        "toolchain": {
-            "name": spec.toolchain,
-            "cxx": cxx.identity(),
-            **({"nvcc": nv.identity()} if nv else {}),
-        },
+        "toolchain": toolchain,
         "archs": [str(a) for a in archs],
         "flags": {"cxx": cxx_flags, "cuda": cuda_flags, "link": link_flags},
         "python_abi": sources.python_abi(),
@@ -142,8 +187,10 @@ def plan(spec: CompileSpec, arch_ctx: ArchContext | None = None,
         "units": [[u.name, u.lang] for u in spec.units],
         "env": env.build_affecting(),
     }
+    portable = portable_parts(spec, inputs, defines)
     return BuildPlan(spec, workspace, archs, cxx, nv, tuple(cxx_flags), tuple(cuda_flags),
-                     tuple(link_flags), parts, spec_key(parts), gen_dir)
+                     tuple(link_flags), parts, spec_key(parts), gen_dir, portable,
+                     spec_key(portable), problem)
 
 
 def generate_sources(spec: CompileSpec, gen_dir: Path, workspace: Workspace) -> Path:
@@ -158,6 +205,8 @@ def generate_sources(spec: CompileSpec, gen_dir: Path, workspace: Workspace) -> 
 
 
 def write_manifest(p: BuildPlan, build_dir: Path) -> Path:
+    if p.toolchain_problem:
+        raise ToolchainError(f"no build manifest for {p.describe()}: {p.toolchain_problem}")
     threads = resources.estimate_jobs(p.spec.toolchain).nvcc_threads
     cuda_flags = list(p.cuda_flags) + ([f"--threads={threads}"] if threads > 1 else [])
     text = ninja.manifest(
@@ -175,6 +224,8 @@ def compile_plan(p: BuildPlan, *, key_dir: Path | None = None, jobs: int | None 
     """Generate, compile and publish `p` into `key_dir` (default: its cache slot). Caller holds
     the module lock when `key_dir` is shared."""
     log = logger()
+    if p.toolchain_problem:
+        raise ToolchainError(f"cannot compile {p.describe()}: {p.toolchain_problem}")
     key_dir = p.workspace.ensure(key_dir or p.key_dir)
     gen_dir = generate_sources(p.spec, p.gen_dir, p.workspace)
     build_dir = p.workspace.ensure(key_dir / "build")

@@ -3,7 +3,7 @@ what a build produces, and what it does (docs/env.md is checked against this tab
 
 Values are read from os.environ on every call (cheap) so tests and long-lived processes see
 changes; nothing is read at import time. Booleans accept 1/0/true/false/yes/no/on/off (any case);
-anything else is an error that names the variable and the value.
+anything else is an error that names the variable and the value. Set but empty means the default.
 """
 
 from __future__ import annotations
@@ -60,6 +60,33 @@ _KNOBS = (
          "CUDA toolkit root (headers, libcudart_static). Empty: derived from nvcc's location."),
     Knob("CXX", "path", "",
          "The host C++ compiler. Empty: c++, else g++ on PATH."),
+    # Precompiled modules and the artifact repository (docs/release.md).
+    Knob("KILN_SKIP_VERSION_CHECK", "bool", False,
+         "Load precompiled modules built for another kiln version, with a warning on every load; "
+         "only for a deliberate, diagnosed mixed-version experiment (R5.15)."),
+    Knob("KILN_ARTIFACT_DIR", "path", "",
+         "A local directory in the artifact-repository layout, searched before installed packages, "
+         "the download cache and any download (R7.6)."),
+    Knob("KILN_ARTIFACT_REPOSITORY", "str", "",
+         "Base URL (https://, http:// or file://) of the artifact repository to download "
+         "precompiled modules from. Empty: nothing is ever downloaded."),
+    Knob("KILN_ARTIFACT_PINS", "path", "",
+         "A JSON file of extra pinned manifest digests ('<version>/<tag>/<abi>': sha256), for "
+         "releases this kiln does not pin itself (a private mirror's own builds)."),
+    Knob("KILN_OFFLINE", "bool", False,
+         "Never download: an artifact that would have to be downloaded is a hard error naming it "
+         "and where it was looked for."),
+    Knob("KILN_VERIFY_CHECKSUMS", "bool", True,
+         "Verify manifest pins and file SHA-256 sums. 0 is a debugging aid only and warns on "
+         "every use (R7.4)."),
+    Knob("KILN_DOWNLOAD_JOBS", "int", 4,
+         "Parallel downloads at most (R7.5); 0 counts as 1."),
+    Knob("KILN_DOWNLOAD_TIMEOUT", "int", 30,
+         "Seconds a download may wait for the server (to connect, or between two reads) before the "
+         "attempt fails and is retried."),
+    Knob("KILN_DOWNLOAD_RETRIES", "int", 3,
+         "Retries of a download after a transient failure (timeout, dropped connection, 5xx), with "
+         "exponential backoff from 0.5 s."),
 )
 
 KNOBS: dict[str, Knob] = {k.name: k for k in _KNOBS}
@@ -81,7 +108,7 @@ def get(name: str) -> Any:
     """The current value of a declared knob, parsed to its type (its default when unset)."""
     knob = KNOBS[name]
     raw = os.environ.get(name)
-    if raw is None or (raw.strip() == "" and knob.kind != "bool"):
+    if raw is None or raw.strip() == "":  # set but empty means the default
         return os.path.expanduser(knob.default) if knob.kind == "path" and knob.default else (
             knob.default)
     if knob.kind == "bool":

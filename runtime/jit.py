@@ -1,17 +1,16 @@
 """The one build-and-load template (R2.3-5): every module of every toolchain is loaded through
 `load()`:
 
-    in-process cache -> precompiled package -> disk cache (metadata validated, no lock)
-      -> KILN_DISABLE_JIT? clear error
+    in-process cache -> precompiled module (runtime/precompiled.py: packages, artifact directory,
+      download cache, artifact repository) -> disk cache (metadata validated, no lock)
+      -> KILN_DISABLE_JIT or no compiler? clear error
       -> module lock -> re-check the disk cache -> generate + compile + publish -> load
 
-Nothing is written anywhere before a cache miss.
+Nothing is written anywhere before a cache miss (a download writes only to the download cache).
 """
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import shutil
 import tempfile
 import threading
@@ -22,9 +21,11 @@ from types import ModuleType
 from . import env, metadata, precompiled, sources
 from .arch import ArchContext
 from .build import BuildPlan, compile_plan, plan
+from .loader import import_library
 from .lock import ModuleLock
 from .log import logger
 from .spec import CompileSpec
+from .toolchain import ToolchainError
 from .workspace import Workspace
 
 
@@ -49,6 +50,8 @@ _mutex = threading.Lock()
 
 def check(p: BuildPlan) -> tuple[metadata.Metadata | None, str | None]:
     """The cached artifact of `p` and None, or (metadata or None, why it cannot be used)."""
+    if p.toolchain_problem:  # the key names the compiler, so without one no artifact can match
+        return None, f"no compiler to check it against: {p.toolchain_problem}"
     try:
         md = metadata.read(p.key_dir)
     except metadata.CorruptMetadata as e:
@@ -57,19 +60,9 @@ def check(p: BuildPlan) -> tuple[metadata.Metadata | None, str | None]:
                                 p.key_parts["python_abi"])
 
 
-def _import_library(name: str, path: Path) -> ModuleType:
-    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
-    mspec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
-    if mspec is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(mspec)
-    loader.exec_module(module)
-    return module
-
-
 def _load_published(p: BuildPlan, md: metadata.Metadata, key_dir: Path) -> ModuleType:
     p.workspace.check_private(key_dir)
-    module = _import_library(p.spec.name, key_dir / md.library)
+    module = import_library(p.spec.name, key_dir / md.library)
     logger().debug("kiln: loaded %s from %s", p.describe(), key_dir / md.library)
     return module
 
@@ -92,7 +85,7 @@ def load(spec: CompileSpec, arch_ctx: ArchContext | None = None,
 
 def _load_uncached(p: BuildPlan) -> ModuleType:
     log = logger()
-    module = precompiled.lookup(p)
+    module, searched = precompiled.lookup(p)
     if module is not None:
         stats.precompiled_hits += 1
         return module
@@ -108,10 +101,15 @@ def _load_uncached(p: BuildPlan) -> ModuleType:
     if env.get("KILN_DISABLE_JIT"):
         raise JITDisabledError(
             f"kiln: module {p.describe()} is needed but KILN_DISABLE_JIT=1 forbids compiling it, "
-            f"and no valid artifact exists: not in a precompiled package, and the disk cache "
-            f"{p.key_dir} has none ({reason}). Install a precompiled package for this kiln "
+            f"and no valid artifact exists: no precompiled module ({searched}), and the disk "
+            f"cache {p.key_dir} has none ({reason}). Install a precompiled package for this kiln "
             f"version and arch, run 'python -m codegen build {p.spec.label or p.spec.name}' "
             f"beforehand, or unset KILN_DISABLE_JIT."
+        )
+    if p.toolchain_problem:
+        raise ToolchainError(
+            f"kiln: cannot build {p.describe()}: {p.toolchain_problem}. No precompiled module "
+            f"serves it ({searched})."
         )
 
     log.debug("kiln: cache miss for %s: %s", p.describe(), reason)

@@ -7,6 +7,13 @@ Two keys, both SHA-256 hex:
   action key = H(spec key, every header the compiler read, with its digest). Known after the
                first compile (from the compiler's depfiles); recorded in the metadata and checked
                before every load, so editing any included header rebuilds with no reinstall.
+
+And their portable projections, which precompiled modules are found by (docs/release.md):
+  portable key        = H(portable parts): the key parts less everything that belongs to one
+                        machine (compiler paths and versions, absolute include and library paths)
+                        and less the archs (matched by what the module's SASS runs on). Computed
+                        without a compiler.
+  portable action key = H(portable key, kiln's own headers the compiler read, by portable name).
 """
 
 from __future__ import annotations
@@ -75,6 +82,14 @@ def action_key(spec_key_: str, deps: list[Dep]) -> str:
     h = hashlib.sha256(spec_key_.encode())
     for d in sorted(deps, key=lambda d: d.path):
         h.update(f"\n{d.path}\0{d.sha256}".encode())
+    return h.hexdigest()
+
+
+def portable_action_key(portable_key: str, sources: dict[str, str]) -> str:
+    """H(portable key, {portable name: SHA-256} of the kiln files a module was compiled from)."""
+    h = hashlib.sha256(b"portable\0" + portable_key.encode())
+    for name in sorted(sources):
+        h.update(f"\n{name}\0{sources[name]}".encode())
     return h.hexdigest()
 
 

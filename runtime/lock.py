@@ -1,5 +1,5 @@
-"""The compile lock (R5.6): an OS-level lock that can never outlive its holder, and never hangs
-silently.
+"""The compile lock (R5.6), also taken around each download of an artifact: an OS-level lock that
+can never outlive its holder, and never hangs silently.
 
 The lock is flock(2) on `<module dir>/.lock` (through filelock): the kernel releases it when the
 holding process exits or is killed, so a killed compile leaves nothing that blocks the next run.
@@ -32,10 +32,12 @@ class ModuleLock:
     POLL_S = 0.5
     REPORT_EVERY_S = 10.0
 
-    def __init__(self, path: Path, what: str, timeout_s: float | None = None):
+    def __init__(self, path: Path, what: str, timeout_s: float | None = None,
+                 doing: str = "compiling"):
         self.path = Path(path)
         self.owner_path = self.path.with_name(self.path.name + ".owner")
         self.what = what
+        self.doing = doing  # what the holder does under the lock, for messages
         self.timeout_s = env.get("KILN_JIT_LOCK_TIMEOUT") if timeout_s is None else timeout_s
         self._lock = filelock.FileLock(str(self.path), thread_local=False)
 
@@ -57,15 +59,15 @@ class ModuleLock:
                 elapsed = time.monotonic() - start
                 if elapsed >= self.timeout_s:
                     raise LockTimeout(
-                        f"gave up after {elapsed:.0f}s waiting for the compile lock of {self.what} "
+                        f"gave up after {elapsed:.0f}s waiting for the lock of {self.what} "
                         f"({self.path}), held by {self.holder()}. If that process is stuck, stop "
                         "it; the lock is released when it exits. KILN_JIT_LOCK_TIMEOUT sets the "
                         "wait."
                     ) from None
                 if elapsed >= next_report:
                     log.warning(
-                        "kiln: waiting %.0fs for %s: %s is compiling it", elapsed, self.what,
-                        self.holder(),
+                        "kiln: waiting %.0fs for %s: %s is %s it", elapsed, self.what,
+                        self.holder(), self.doing,
                     )
                     next_report += self.REPORT_EVERY_S
         try:

@@ -3,11 +3,16 @@
 In a source checkout (and an editable install) the sources are the repository itself: this file
 is `<repo>/runtime/sources.py`. An installed wheel ships them as `kiln/_src/` beside `kiln/runtime/`.
 Either way they are only ever read (R2.7).
+
+A kiln file has a *portable name* that is the same on every machine and in both layouts: its path
+relative to the source root (`ops/norm/norm.cuh`) or, for the Python side, to the package root
+(`codegen/render.py`). Precompiled modules record their inputs by portable name.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import sysconfig
 import threading
@@ -29,6 +34,34 @@ def source_root() -> Path:
         f"kiln's kernel sources were not found beside {here} (no WORKSPACE.py in {here / '_src'} "
         f"or {here}); the installation is incomplete: reinstall kiln-kernels"
     )
+
+
+@functools.lru_cache(maxsize=1)
+def package_root() -> Path:
+    """The directory holding runtime/ and codegen/: the repository in a checkout, the installed
+    `kiln` package directory in a wheel."""
+    return Path(__file__).resolve().parent.parent
+
+
+def portable_name(path: str | Path) -> str | None:
+    """`path` relative to the source root or the package root, or None when it is not kiln's."""
+    path = Path(os.path.realpath(path))
+    for root in (source_root(), package_root()):
+        if path.is_relative_to(root):
+            return path.relative_to(root).as_posix()
+    return None
+
+
+def portable_path(name: str) -> Path | None:
+    """The local file with portable name `name` (a relative path with no '..'), or None."""
+    parts = name.split("/")
+    if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        return None
+    for root in (source_root(), package_root()):
+        candidate = root.joinpath(*parts)
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 @functools.lru_cache(maxsize=1)

@@ -6,6 +6,7 @@
                                      checkouts sharing a workspace never write into each other's)
       artifacts/<module>/<key>/      build files, the shared library, metadata.json (commit marker)
       artifacts/<module>/.lock       the module's compile lock
+      downloads/<version>/<tag>/<abi>/  precompiled modules from the artifact repository (verified)
 
 Nothing is created until a cache miss needs it. Modules are loaded only from directories that no
 other user can write to.
@@ -40,6 +41,10 @@ class Workspace:
     @property
     def artifacts(self) -> Path:
         return self.base / "artifacts"
+
+    @property
+    def downloads(self) -> Path:
+        return self.base / "downloads"
 
     def gen_dir(self, uri: str, gen_key: str) -> Path:
         return self.generated / uri / gen_key[:12]

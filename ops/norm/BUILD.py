@@ -8,4 +8,5 @@ op_library(
     binding="bindings/norm.cc",
     dispatch={"dtype": ["f32", "f16", "bf16"]},
     archs=["sm80", "sm90", "sm100", "sm120"],
+    release="all",  # every dtype ships in precompiled packages (python -m release build)
 )

@@ -1,9 +1,7 @@
 """Compile-only CUDA builds for every arch family the build graph declares (R4.6): they run
 wherever nvcc exists, GPU or not, and check the SASS of each arch landed in the module."""
 
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -14,26 +12,9 @@ from kiln.runtime import jit, metadata
 from kiln.runtime.arch import ArchContext, parse_arch_list
 from kiln.runtime.toolchain import available
 from kiln.runtime.workspace import Workspace
+from release.verify import cuobjdump  # PATH, the CUDA toolkit, or the test extra's wheel
 
 pytestmark = pytest.mark.skipif(not available("cuda"), reason="needs nvcc")
-
-
-def _cuobjdump():
-    """cuobjdump from PATH, the CUDA toolkit, or the nvidia-cuda-cuobjdump wheel (test extra)."""
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    try:
-        import nvidia.cu13 as cu13  # the wheel installs nvidia/cu13/bin/cuobjdump
-
-        for base in cu13.__path__:
-            candidate = Path(base) / "bin" / "cuobjdump"
-            if candidate.is_file():
-                candidate.chmod(candidate.stat().st_mode | 0o111)
-                return str(candidate)
-    except ImportError:
-        pass
-    return None
 
 
 @pytest.mark.slow
@@ -51,8 +32,8 @@ def test_every_declared_family_compiles(tmp_path, label, params):
     md = metadata.read(plan.key_dir)
     assert sorted(md.archs) == sorted(str(a) for a in parse_arch_list(archs))
     lib = plan.key_dir / md.library
-    if _cuobjdump():
-        listing = subprocess.run([_cuobjdump(), "--list-elf", str(lib)], capture_output=True,
+    if cuobjdump():
+        listing = subprocess.run([cuobjdump(), "--list-elf", str(lib)], capture_output=True,
                                  text=True, check=True).stdout
         for a in parse_arch_list(archs):
             assert f".sm_{a.sm}." in listing, listing

@@ -28,6 +28,10 @@ def test_read_only_install_builds_into_the_workspace_only(tmp_path):
     assert (site / "kiln" / "_src" / "ops" / "norm" / "norm.cuh").is_file()
     assert (site / "kiln" / "_src" / "version.txt").read_text() == (REPO / "version.txt").read_text()
     assert (site / "kiln" / "codegen" / "templates" / "spec_config.h.jinja").is_file()
+    # the release's pinned manifest digests (docs/release.md), read by kiln.runtime.artifacts
+    assert (site / "kiln" / "_src" / "release" / "pins.json").read_text() == \
+        (REPO / "release" / "pins.json").read_text()
+    assert not (site / "release").exists()  # the release tooling itself is not installed
     for p in [site, *site.rglob("*")]:  # read-only, as a system site-packages may be
         mode = p.stat().st_mode
         p.chmod(mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))

@@ -1,6 +1,6 @@
 """Where kiln's sources are, their portable names, and the Python ABI a module is built for."""
 
-from helpers import run_python
+from helpers import REPO, run_python
 
 from kiln.runtime import sources
 
@@ -18,3 +18,18 @@ def test_sysconfig_race_cannot_give_a_wrong_python_abi():
         "print(len(set(seen)), seen[0][0])\n")
     assert out.stdout.split() == ["1", sources.python_abi()]
     assert sources.python_abi().startswith("cpython-")
+
+
+def test_portable_names_are_relative_to_the_source_tree_and_round_trip():
+    header = sources.source_root() / "ops" / "norm" / "norm.cuh"
+    assert sources.portable_name(header) == "ops/norm/norm.cuh"
+    assert sources.portable_path("ops/norm/norm.cuh") == header
+    render = sources.package_root() / "codegen" / "render.py"
+    assert sources.portable_name(render) == "codegen/render.py"  # in a checkout and in a wheel
+    assert sources.portable_name("/usr/include/stdio.h") is None  # the toolchain's, not kiln's
+
+
+def test_portable_paths_never_leave_the_tree():
+    assert (REPO / "version.txt").is_file()
+    for bad in ("../version.txt", "/etc/passwd", "ops/../../x", "", "ops//norm/norm.cuh"):
+        assert sources.portable_path(bad) is None, bad

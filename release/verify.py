@@ -1,0 +1,92 @@
+"""Checking a precompiled package or artifact set before it is published: every name stays inside
+its archive or directory and none is a link, the manifest reads back, every module's file has the
+recorded size and SHA-256, and (with `sass=True`) every module holds SASS for each of its archs,
+read with cuobjdump without running anything.
+"""
+
+from __future__ import annotations
+
+import shutil
+import stat
+import subprocess
+import tempfile
+import zipfile
+from pathlib import Path
+
+from kiln.runtime.arch import parse_arch
+from kiln.runtime.manifest import MANIFEST, Manifest, ManifestError, digest, resolve_inside, safe_relpath
+
+
+def cuobjdump() -> str | None:
+    """cuobjdump from PATH, the CUDA toolkit, or the nvidia-cuda-cuobjdump wheel (test extra)."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import nvidia.cu13 as cu13  # the wheel installs nvidia/cu13/bin/cuobjdump
+    except ImportError:
+        return None
+    for base in cu13.__path__:
+        candidate = Path(base) / "bin" / "cuobjdump"
+        if candidate.is_file():
+            candidate.chmod(candidate.stat().st_mode | 0o111)
+            return str(candidate)
+    return None
+
+
+def sass_problems(library: Path, archs: list[str]) -> list[str]:
+    tool = cuobjdump()
+    if tool is None:
+        return ["cuobjdump not found (install the nvidia-cuda-cuobjdump wheel or the CUDA toolkit)"]
+    listing = subprocess.run([tool, "--list-elf", str(library)], capture_output=True, text=True,
+                             check=True).stdout
+    return [f"{library.name} has no SASS for sm_{parse_arch(a).sm}" for a in archs
+            if f".sm_{parse_arch(a).sm}." not in listing]
+
+
+def _check_entries(m: Manifest, read, sass_dir: Path | None) -> list[str]:
+    problems = []
+    for e in m.modules:
+        try:
+            data = read(e.file)
+        except (OSError, KeyError, ManifestError) as err:
+            problems.append(f"{e.module}: {e.file} cannot be read ({err})")
+            continue
+        if len(data) != e.size or digest(data) != e.sha256:
+            problems.append(f"{e.module}: {e.file} does not match its recorded size and SHA-256")
+        elif sass_dir is not None and e.toolchain.get("name") == "cuda":
+            lib = sass_dir / Path(e.file).name
+            lib.write_bytes(data)
+            problems += sass_problems(lib, e.archs)
+    return problems
+
+
+def verify_directory(root: Path, sass: bool = False) -> tuple[Manifest, list[str]]:
+    """The manifest of the artifact set in `root` and what is wrong with the set ([] if nothing)."""
+    m = Manifest.from_bytes((root / MANIFEST).read_bytes(), str(root / MANIFEST))
+    with tempfile.TemporaryDirectory() as tmp:
+        return m, _check_entries(m, lambda f: resolve_inside(root, f, str(root)).read_bytes(),
+                                 Path(tmp) if sass else None)
+
+
+def verify_wheel(path: Path, sass: bool = False) -> tuple[Manifest, list[str]]:
+    """The manifest inside the wheel at `path` and what is wrong with the wheel ([] if nothing)."""
+    problems = []
+    with zipfile.ZipFile(path) as z:
+        infos = z.infolist()
+        for info in infos:
+            try:
+                safe_relpath(info.filename, path.name)
+            except ManifestError as e:
+                problems.append(str(e))
+            if stat.S_ISLNK(info.external_attr >> 16):
+                problems.append(f"{path.name}: {info.filename} is a symbolic link")
+        manifests = [i.filename for i in infos if i.filename.count("/") == 1
+                     and i.filename.endswith("/" + MANIFEST)]
+        if len(manifests) != 1:
+            raise ManifestError(f"{path.name} holds {len(manifests)} package manifests, not one")
+        pkg = manifests[0].split("/")[0]
+        m = Manifest.from_bytes(z.read(manifests[0]), f"{path.name}:{manifests[0]}")
+        with tempfile.TemporaryDirectory() as tmp:
+            problems += _check_entries(m, lambda f: z.read(f"{pkg}/{f}"), Path(tmp) if sass else None)
+    return m, problems
