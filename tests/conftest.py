@@ -16,8 +16,14 @@ _SESSION_WS = os.environ.get("KILN_TEST_WORKSPACE") or tempfile.mkdtemp(prefix="
 os.environ["KILN_WORKSPACE_BASE"] = _SESSION_WS
 # Tests choose archs themselves; an arch list from the caller's shell would change what they build.
 os.environ.pop("KILN_CUDA_ARCH_LIST", None)
-for knob in ("KILN_DISABLE_JIT", "KILN_NO_CACHE", "KILN_JIT_DEBUG", "KILN_JIT_LINEINFO"):
+for knob in ("KILN_DISABLE_JIT", "KILN_NO_CACHE", "KILN_JIT_DEBUG", "KILN_JIT_LINEINFO",
+             # nor where precompiled modules come from: tests that need those set them
+             "KILN_ARTIFACT_DIR", "KILN_ARTIFACT_REPOSITORY", "KILN_ARTIFACT_PINS", "KILN_OFFLINE",
+             "KILN_VERIFY_CHECKSUMS", "KILN_SKIP_VERSION_CHECK"):
     os.environ.pop(knob, None)
+# scripts/release_check.sh runs op tests against an installed precompiled package only.
+if os.environ.get("KILN_TEST_DISABLE_JIT") == "1":
+    os.environ["KILN_DISABLE_JIT"] = "1"
 
 
 def pytest_collection_modifyitems(config, items):
