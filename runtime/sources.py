@@ -6,7 +6,9 @@ Either way they are only ever read (R2.7).
 
 A kiln file has a *portable name* that is the same on every machine and in both layouts: its path
 relative to the source root (`ops/norm/norm.cuh`) or, for the Python side, to the package root
-(`codegen/render.py`). Precompiled modules record their inputs by portable name.
+(`codegen/render.py`). Precompiled modules record their inputs by portable name. Only what kiln
+ships has one: a virtual environment or build output inside a checkout is not kiln's, even though
+it lies below the same directory.
 """
 
 from __future__ import annotations
@@ -43,23 +45,39 @@ def package_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
+# kiln's own files, by their first path component below each root: the kernel sources a wheel
+# ships as kiln/_src (setup.py's SOURCES) and the Python packages that build and render them.
+_OWNED = (("source", ("ops", "bindings", "WORKSPACE.py", "version.txt", "release")),
+          ("package", ("codegen", "runtime")))
+
+
+def _roots() -> list[tuple[Path, tuple[str, ...]]]:
+    roots = {"source": source_root(), "package": package_root()}
+    return [(roots[which], owned) for which, owned in _OWNED]
+
+
 def portable_name(path: str | Path) -> str | None:
-    """`path` relative to the source root or the package root, or None when it is not kiln's."""
+    """`path` relative to the source root or the package root ("." for the source root itself),
+    or None when it is not one of kiln's own files."""
     path = Path(os.path.realpath(path))
-    for root in (source_root(), package_root()):
+    if path == source_root():
+        return "."
+    for root, owned in _roots():
         if path.is_relative_to(root):
-            return path.relative_to(root).as_posix()
+            rel = path.relative_to(root)
+            if rel.parts[0] in owned:
+                return rel.as_posix()
     return None
 
 
 def portable_path(name: str) -> Path | None:
-    """The local file with portable name `name` (a relative path with no '..'), or None."""
+    """The local file with portable name `name` (one of kiln's, no '..'), or None."""
     parts = name.split("/")
     if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
         return None
-    for root in (source_root(), package_root()):
+    for root, owned in _roots():
         candidate = root.joinpath(*parts)
-        if candidate.is_file():
+        if parts[0] in owned and candidate.is_file():
             return candidate
     return None
 

@@ -29,6 +29,19 @@ def test_portable_names_are_relative_to_the_source_tree_and_round_trip():
     assert sources.portable_name("/usr/include/stdio.h") is None  # the toolchain's, not kiln's
 
 
+def test_only_kiln_files_have_portable_names():
+    """Regression: CI's virtual environment lies inside the checkout, so pybind11's headers were
+    named '.venv/lib/.../pybind11.h' in the package's key and no installation matched it."""
+    root = sources.source_root()
+    assert sources.portable_name(root) == "."  # kiln's include directory
+    venv_header = root / ".venv" / "lib" / "python3.11" / "site-packages" / "pybind11" / "x.h"
+    assert sources.portable_name(venv_header) is None
+    assert sources.portable_name(root / "build" / "lib" / "kiln" / "x.py") is None
+    assert sources.portable_name(root / "bindings" / "common" / "dlpack.h") == \
+        "bindings/common/dlpack.h"
+    assert sources.portable_path("python/kiln/norm.py") is None  # not a kernel source
+
+
 def test_portable_paths_never_leave_the_tree():
     assert (REPO / "version.txt").is_file()
     for bad in ("../version.txt", "/etc/passwd", "ops/../../x", "", "ops//norm/norm.cuh"):
