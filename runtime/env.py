@@ -58,6 +58,9 @@ _KNOBS = (
          "The nvcc to use. Empty: $CUDA_HOME/bin/nvcc, else nvcc on PATH."),
     Knob("CUDA_HOME", "path", "",
          "CUDA toolkit root (headers, libcudart_static). Empty: derived from nvcc's location."),
+    Knob("KILN_VALIDATE_INDICES", "bool", False,
+         "Check paged-KV page indices against the cache size on every run (a device sync; for "
+         "diagnosis)."),
     Knob("CXX", "path", "",
          "The host C++ compiler. Empty: c++, else g++ on PATH."),
 )
