@@ -1,15 +1,16 @@
-// Paged decode attention on CUDA cores (sm80+): kernel and launcher. See attention.h for the
-// contract.
+// Paged decode attention on tensor cores (mma.sync m16n8k16, sm80+): kernel and launcher. See
+// attention.h for the contract.
 //
-// One CTA = one work item (request, token range) x one kv head x GROUP of its query heads, so
-// each K/V byte is read once for GROUP heads. 128 threads; a token's head_dim is split over
-// LANES = head_dim / 8 threads (16-byte vectors), ROWS = 128 / LANES tokens side by side, and
-// UNROLL tokens per thread per stage. K and V tiles stream through a kStages-deep cp.async
-// pipeline in shared memory; each thread reads back only what it copied, so stages need no
-// barrier. Per stage: q.k partial dots, a butterfly sum over the LANES lanes, one online-softmax
-// rescale per head for the stage's UNROLL tokens, then p.v accumulation in float32. At the end the
-// ROWS partial states of the CTA are merged through shared memory and written to out/lse, or to a
-// float32 partial slot that merge_decode_partials combines (split-KV).
+// One CTA = one work item (request, token range) x one kv head x up to 16 of its query heads
+// (the GQA group, or a divisor of it): the query heads are the 16 rows of the MMA A operand
+// (padded with zeros), so each K/V byte is read once for the whole group and the arithmetic runs
+// on tensor cores, as in FlashAttention-2 with the query heads in place of query tokens.
+// Four warps; warp w takes the work item's 16-token tiles w, w + 4, ... and streams them through
+// its own cp.async pipeline in shared memory (kStages deep, rows XOR-swizzled in 16-byte chunks so
+// ldmatrix is conflict free). Per tile: S = Q K^T (ldmatrix.x4 on K), scale / soft-cap / mask,
+// online softmax on the C fragments (one max per row per tile, quad shuffles), P packed to 16-bit
+// in registers as the A operand of O += P V (ldmatrix.x4.trans on V). At the end the four warps'
+// states merge through shared memory into out/lse, or a float32 partial slot (split-KV).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,226 +24,262 @@
 #include "ops/attention/state.h"
 #include "ops/common/async_copy.cuh"
 #include "ops/common/cuda_utils.cuh"
-#include "ops/common/dispatch.h"
 #include "ops/common/dtypes.h"
 #include "ops/common/math.h"
-#include "ops/common/vec.cuh"
+#include "ops/common/mma.cuh"
 
 namespace kiln::attention {
 
-constexpr int kDecodeThreads = 128;
-constexpr int kDecodeStages = 3;
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeThreads = 32 * kDecodeWarps;
+constexpr int kDecodeTile = 16;      // tokens per warp per pipeline stage (one MMA k-step of P V)
+constexpr int kMaxHeadsPerCta = 16;  // the MMA's M
 
-template <typename T, int HEAD_DIM, int GROUP>
+template <typename T, int HEAD_DIM>
 struct DecodeShape {
-  static constexpr int VEC = 16 / sizeof(T);  // elements per 16-byte vector
-  static constexpr int LANES = HEAD_DIM / VEC;
-  static constexpr int ROWS = kDecodeThreads / LANES;
-  static constexpr int UNROLL = GROUP >= 8 ? 2 : 4;  // fewer tokens per stage when q/o take registers
-  static constexpr int TILE = ROWS * UNROLL;         // tokens per stage
-  static constexpr size_t kStagingBytes = size_t(2) * kDecodeStages * TILE * HEAD_DIM * sizeof(T);
-  static constexpr size_t kCombineBytes = size_t(ROWS) * GROUP * (HEAD_DIM + 2) * sizeof(float);
+  static constexpr int CHUNKS = HEAD_DIM * int(sizeof(T)) / 16;  // 16-byte chunks per token row
+  static constexpr int VEC = 16 / int(sizeof(T));
+  static constexpr int STAGES = HEAD_DIM >= 256 ? 2 : 3;
+  static constexpr int KSTEPS = HEAD_DIM / 16;  // MMA k-steps of Q K^T
+  static constexpr int NTILES = HEAD_DIM / 8;   // MMA n-tiles of P V
+  // Per warp: [stage][K, V][token][chunk] 16-byte units.
+  static constexpr int kWarpUnits = STAGES * 2 * kDecodeTile * CHUNKS;
+  static constexpr size_t kStagingBytes = size_t(kDecodeWarps) * kWarpUnits * 16;
+  // Merge of the warps: m and l per [warp][row], o per [warp][row][dim], float32.
+  static constexpr size_t kCombineBytes = size_t(kDecodeWarps) * kMaxHeadsPerCta * (HEAD_DIM + 2) * 4;
   static constexpr size_t kSmemBytes = kStagingBytes > kCombineBytes ? kStagingBytes : kCombineBytes;
-  static_assert(LANES >= 1 && LANES <= 32 && (32 % LANES) == 0, "head_dim must be 8..256 elements");
-  static_assert(kSmemBytes <= 48 * 1024, "decode tile exceeds the default shared-memory limit");
+  static_assert(CHUNKS >= 8 && CHUNKS % 2 == 0, "the swizzle needs at least 8 chunks per row");
 };
 
-// Sum over the LANES consecutive lanes that share a token.
-template <int LANES>
-__device__ __forceinline__ float lanes_sum(float v) {
-#pragma unroll
-  for (int offset = LANES / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-template <typename T, int HEAD_DIM, int GROUP, bool SOFTCAP>
-__global__ void __launch_bounds__(kDecodeThreads) decode_paged_kernel(const DecodeParams p) {
-  using S = DecodeShape<T, HEAD_DIM, GROUP>;
-  using V = Vec<T, S::VEC>;
-  constexpr int VEC = S::VEC, LANES = S::LANES, ROWS = S::ROWS, UNROLL = S::UNROLL, TILE = S::TILE;
-  extern __shared__ __align__(16) unsigned char smem[];
-  T* kbuf = reinterpret_cast<T*>(smem);  // [stage][token][head_dim]
-  T* vbuf = kbuf + kDecodeStages * TILE * HEAD_DIM;
+template <typename T, int HEAD_DIM, bool SOFTCAP>
+__global__ void __launch_bounds__(kDecodeThreads) decode_paged_kernel(const DecodeParams p, int heads_per_cta) {
+  using S = DecodeShape<T, HEAD_DIM>;
+  constexpr int CHUNKS = S::CHUNKS, VEC = S::VEC, STAGES = S::STAGES, KSTEPS = S::KSTEPS, NTILES = S::NTILES;
+  extern __shared__ uint4 smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  uint4* wbuf = smem + warp * S::kWarpUnits;  // this warp's pipeline
 
   const int work = blockIdx.x;
   const int request = p.work_request[work];
   if (request < 0) return;  // padding entry (CUDA-graph capacity)
-  const int64_t tok_begin = p.work_token_begin[work];
-  const int64_t tok_end = p.work_token_end[work];
+  const int tok_begin = p.work_token_begin[work];
+  const int tok_end = p.work_token_end[work];
   const int out_index = p.work_out_index[work];
   const int group_size = int(p.num_qo_heads / p.num_kv_heads);
-  const int head_chunks = group_size / GROUP;
+  const int head_chunks = group_size / heads_per_cta;
   const int kv_head = blockIdx.y / head_chunks;
-  const int qo_head0 = kv_head * group_size + (blockIdx.y % head_chunks) * GROUP;
-  const int lane = threadIdx.x % LANES;
-  const int row = threadIdx.x / LANES;
+  const int qo_head0 = kv_head * group_size + (blockIdx.y % head_chunks) * heads_per_cta;
 
-  // q for GROUP heads (this lane's VEC dims), pre-scaled so logits come out in log2 units (or,
-  // with soft-cap, in the units tanh takes).
-  const float q_scale = SOFTCAP ? p.sm_scale / p.soft_cap : p.sm_scale * kLog2e;
-  float q[GROUP][VEC];
+  // Q as the A operand: rows g and g+8 are query heads (zero beyond heads_per_cta).
+  uint32_t qa[KSTEPS][4];
+  {
+    const T* q = static_cast<const T*>(p.q) + request * p.q_stride_b + qo_head0 * p.q_stride_h;
 #pragma unroll
-  for (int j = 0; j < GROUP; ++j) {
-    const V qv =
-        V::load(static_cast<const T*>(p.q) + request * p.q_stride_b + (qo_head0 + j) * p.q_stride_h + lane * VEC);
+    for (int kk = 0; kk < KSTEPS; ++kk) {
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) q[j][k] = qv.get(k) * q_scale;
+      for (int r = 0; r < 4; ++r) {
+        const int row = g + (r & 1) * 8, col = kk * 16 + 2 * t + (r >> 1) * 8;
+        qa[kk][r] = row < heads_per_cta ? *reinterpret_cast<const uint32_t*>(q + row * p.q_stride_h + col) : 0u;
+      }
+    }
   }
-
-  float m[GROUP], d[GROUP], o[GROUP][VEC];
+  float o[NTILES][4];
 #pragma unroll
-  for (int j = 0; j < GROUP; ++j) {
-    m[j] = neg_inf();
-    d[j] = 0.0f;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) o[j][k] = 0.0f;
-  }
+  for (int n = 0; n < NTILES; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {neg_inf(), neg_inf()};  // running max of rows g, g+8 (log2 units)
+  float l[2] = {0.0f, 0.0f};            // this lane's share of the running sums
 
   const PagedKV& kv = p.kv;
   const int32_t* pages = kv.page_indices + kv.page_indptr[request];
-  const T* k_head = static_cast<const T*>(kv.k) + kv_head * kv.k_head_stride + lane * VEC;
-  const T* v_head = static_cast<const T*>(kv.v) + kv_head * kv.v_head_stride + lane * VEC;
+  const T* k_head = static_cast<const T*>(kv.k) + kv_head * kv.k_head_stride;
+  const T* v_head = static_cast<const T*>(kv.v) + kv_head * kv.v_head_stride;
+  const uint32_t page_size = static_cast<uint32_t>(kv.page_size);
+  const int num_tiles = (tok_end - tok_begin + kDecodeTile - 1) / kDecodeTile;
+  const int my_tiles = num_tiles > warp ? (num_tiles - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
 
-  auto issue = [&](int stage, int64_t tile_start) {
+  // Copies are coalesced: one cp.async instruction covers 32 / CHUNKS whole token rows (two
+  // 256-byte rows at head_dim 128). Lanes 0..15 look up the page and slot of the tile's tokens once
+  // and the copying lanes fetch them by shuffle.
+  constexpr int kRowsPerCopy = 32 / CHUNKS;
+  const int copy_chunk = lane % CHUNKS;
+  auto issue = [&](int stage, int tile) {
+    const int tile_tok0 = tok_begin + (warp + tile * kDecodeWarps) * kDecodeTile;
+    const int my_tok = tile_tok0 + (lane % kDecodeTile);
+    const uint32_t utok = my_tok < tok_end ? static_cast<uint32_t>(my_tok) : 0u;
+    const int my_page = my_tok < tok_end ? pages[utok / page_size] : 0;
+    const int my_slot = static_cast<int>(utok % page_size);
+    uint4* kdst = wbuf + (stage * 2 + 0) * kDecodeTile * CHUNKS;
+    uint4* vdst = wbuf + (stage * 2 + 1) * kDecodeTile * CHUNKS;
 #pragma unroll
-    for (int r = 0; r < UNROLL; ++r) {
-      const int64_t tok = tile_start + row + r * ROWS;
-      const bool valid = tok < tok_end;
-      const int64_t page = valid ? pages[tok / kv.page_size] : 0;
-      const int64_t slot = valid ? tok % kv.page_size : 0;
-      const int smem_off = (stage * TILE + row + r * ROWS) * HEAD_DIM + lane * VEC;
-      cp_async_16(kbuf + smem_off, k_head + page * kv.k_page_stride + slot * kv.k_slot_stride, valid);
-      cp_async_16(vbuf + smem_off, v_head + page * kv.v_page_stride + slot * kv.v_slot_stride, valid);
+    for (int c = 0; c < kDecodeTile / kRowsPerCopy; ++c) {
+      const int row = c * kRowsPerCopy + lane / CHUNKS;
+      const int64_t page = __shfl_sync(0xffffffffu, my_page, row);
+      const int64_t slot = __shfl_sync(0xffffffffu, my_slot, row);
+      const bool valid = tile_tok0 + row < tok_end;
+      const int phys = row * CHUNKS + (copy_chunk ^ (row & 7));
+      cp_async_16(kdst + phys, k_head + page * kv.k_page_stride + slot * kv.k_slot_stride + copy_chunk * VEC, valid);
+      cp_async_16(vdst + phys, v_head + page * kv.v_page_stride + slot * kv.v_slot_stride + copy_chunk * VEC, valid);
     }
     cp_async_commit();
   };
 
-  const int64_t num_tiles = ceil_div<int64_t>(tok_end - tok_begin, TILE);
 #pragma unroll
-  for (int s = 0; s < kDecodeStages - 1; ++s) {
-    if (s < num_tiles) {
-      issue(s, tok_begin + s * TILE);
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < my_tiles) {
+      issue(s, s);
     } else {
       cp_async_commit();  // empty group keeps the wait count uniform
     }
   }
-
-  for (int64_t tile = 0; tile < num_tiles; ++tile) {
-    const int64_t next = tile + kDecodeStages - 1;
-    if (next < num_tiles) {
-      issue(int(next % kDecodeStages), tok_begin + next * TILE);
+  const float scale = SOFTCAP ? p.sm_scale / p.soft_cap : p.sm_scale * kLog2e;
+  const int ld_row = lane % 8, ld_mat = lane / 8;
+  for (int tile = 0; tile < my_tiles; ++tile) {
+    if (tile + STAGES - 1 < my_tiles) {
+      issue((tile + STAGES - 1) % STAGES, tile + STAGES - 1);
     } else {
       cp_async_commit();
     }
-    cp_async_wait<kDecodeStages - 1>();  // this thread's copies of `tile` have landed
-    const int stage = int(tile % kDecodeStages);
-    const int64_t tile_start = tok_begin + tile * TILE;
+    cp_async_wait<STAGES - 1>();
+    __syncwarp();  // every lane's copies of this tile have landed
+    const int stage = tile % STAGES;
+    const uint4* kt = wbuf + (stage * 2 + 0) * kDecodeTile * CHUNKS;
+    const uint4* vt = wbuf + (stage * 2 + 1) * kDecodeTile * CHUNKS;
 
-    float s[UNROLL][GROUP];
+    // S = Q K^T over the tile's 16 tokens: two n-tiles of 8 tokens.
+    float s[2][4] = {};
 #pragma unroll
-    for (int r = 0; r < UNROLL; ++r) {
-      const V kv_vec = *reinterpret_cast<const V*>(kbuf + (stage * TILE + row + r * ROWS) * HEAD_DIM + lane * VEC);
-      float kf[VEC];
+    for (int kk = 0; kk < KSTEPS; ++kk) {
+      uint32_t b[4];  // ldmatrix: matrix j = tokens (j / 2) * 8.., chunk 2 kk + j % 2
+      const int tok = (ld_mat / 2) * 8 + ld_row, chunk = 2 * kk + ld_mat % 2;
+      ldmatrix_x4(b, kt + tok * CHUNKS + (chunk ^ (tok & 7)));
+      mma_16x8x16<T>(s[0], qa[kk], b[0], b[1]);
+      mma_16x8x16<T>(s[1], qa[kk], b[2], b[3]);
+    }
+    const int tile_tok0 = tok_begin + (warp + tile * kDecodeWarps) * kDecodeTile;
+    float row_max[2] = {neg_inf(), neg_inf()};
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) kf[k] = kv_vec.get(k);
+    for (int n = 0; n < 2; ++n) {
 #pragma unroll
-      for (int j = 0; j < GROUP; ++j) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) acc = fmaf(q[j][k], kf[k], acc);
-        s[r][j] = acc;
+      for (int i = 0; i < 4; ++i) {
+        float x = s[n][i] * scale;
+        if constexpr (SOFTCAP) x = tanhf(x) * (p.soft_cap * kLog2e);
+        const bool valid = tile_tok0 + n * 8 + 2 * t + (i & 1) < tok_end;
+        s[n][i] = valid ? x : neg_inf();
+        row_max[i >> 1] = fmaxf(row_max[i >> 1], s[n][i]);
       }
     }
+    float rescale[2];
 #pragma unroll
-    for (int r = 0; r < UNROLL; ++r) {
-      const bool valid = tile_start + row + r * ROWS < tok_end;
-#pragma unroll
-      for (int j = 0; j < GROUP; ++j) {
-        float logit = lanes_sum<LANES>(s[r][j]);
-        if constexpr (SOFTCAP) logit = tanhf(logit) * (p.soft_cap * kLog2e);
-        s[r][j] = valid ? logit : neg_inf();
-      }
-    }
-    // One rescale per head per stage, then p.v.
-    float pr[UNROLL][GROUP];
-#pragma unroll
-    for (int j = 0; j < GROUP; ++j) {
-      float tile_max = s[0][j];
-#pragma unroll
-      for (int r = 1; r < UNROLL; ++r) tile_max = fmaxf(tile_max, s[r][j]);
-      const float m_new = fmaxf(m[j], tile_max);
-      const float rescale = scale_from(m[j], m_new);
-      d[j] *= rescale;
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) o[j][k] *= rescale;
-#pragma unroll
-      for (int r = 0; r < UNROLL; ++r) {
-        pr[r][j] = scale_from(s[r][j], m_new);
-        d[j] += pr[r][j];
-      }
-      m[j] = m_new;
+    for (int r = 0; r < 2; ++r) {
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
+      const float m_new = fmaxf(m[r], row_max[r]);
+      rescale[r] = scale_from(m[r], m_new);
+      l[r] *= rescale[r];
+      m[r] = m_new;
     }
 #pragma unroll
-    for (int r = 0; r < UNROLL; ++r) {
-      const V v_vec = *reinterpret_cast<const V*>(vbuf + (stage * TILE + row + r * ROWS) * HEAD_DIM + lane * VEC);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        const float vk = v_vec.get(k);
-#pragma unroll
-        for (int j = 0; j < GROUP; ++j) o[j][k] = fmaf(pr[r][j], vk, o[j][k]);
-      }
+    for (int n = 0; n < NTILES; ++n) {
+      o[n][0] *= rescale[0];
+      o[n][1] *= rescale[0];
+      o[n][2] *= rescale[1];
+      o[n][3] *= rescale[1];
     }
+    // P = exp2(S - m), as the A operand of P V (the C layout of two n-tiles is A's layout).
+    uint32_t pa[4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      float e[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        e[i] = scale_from(s[n][i], m[i >> 1]);
+        l[i >> 1] += e[i];
+      }
+      pa[2 * n + 0] = pack2<T>(e[0], e[1]);
+      pa[2 * n + 1] = pack2<T>(e[2], e[3]);
+    }
+    // O += P V: per pair of n-tiles (16 dims), ldmatrix.trans matrix j = tokens (j % 2) * 8..,
+    // chunk 2 np + j / 2.
+#pragma unroll
+    for (int np = 0; np < NTILES / 2; ++np) {
+      uint32_t b[4];
+      const int tok = (ld_mat % 2) * 8 + ld_row, chunk = 2 * np + ld_mat / 2;
+      ldmatrix_x4_trans(b, vt + tok * CHUNKS + (chunk ^ (tok & 7)));
+      mma_16x8x16<T>(o[2 * np], pa, b[0], b[1]);
+      mma_16x8x16<T>(o[2 * np + 1], pa, b[2], b[3]);
+    }
+    __syncwarp();  // all lanes are done reading this stage before it is refilled
   }
   cp_async_wait<0>();
   __syncthreads();  // the staging buffers become the combine buffer
 
-  // Merge the ROWS partial states of this CTA: [row][head] (m, d) and [row][head][dim] o.
-  float* c_md = reinterpret_cast<float*>(smem);  // [ROWS][GROUP][2]
-  float* c_o = c_md + ROWS * GROUP * 2;          // [ROWS][GROUP][HEAD_DIM]
+  // Row sums over the quad, then each warp's (m, l, o) into shared memory.
 #pragma unroll
-  for (int j = 0; j < GROUP; ++j) {
-    if (lane == 0) {
-      c_md[(row * GROUP + j) * 2] = m[j];
-      c_md[(row * GROUP + j) * 2 + 1] = d[j];
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  float* c_m = reinterpret_cast<float*>(smem);        // [warp][row]
+  float* c_l = c_m + kDecodeWarps * kMaxHeadsPerCta;  // [warp][row]
+  float* c_o = c_l + kDecodeWarps * kMaxHeadsPerCta;  // [warp][row][dim]
+  if (t == 0) {
+    c_m[warp * kMaxHeadsPerCta + g] = m[0];
+    c_m[warp * kMaxHeadsPerCta + g + 8] = m[1];
+    c_l[warp * kMaxHeadsPerCta + g] = l[0];
+    c_l[warp * kMaxHeadsPerCta + g + 8] = l[1];
+  }
+#pragma unroll
+  for (int n = 0; n < NTILES; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = g + (i >> 1) * 8, col = n * 8 + 2 * t + (i & 1);
+      c_o[(warp * kMaxHeadsPerCta + row) * HEAD_DIM + col] = o[n][i];
     }
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) c_o[(row * GROUP + j) * HEAD_DIM + lane * VEC + k] = o[j][k];
   }
   __syncthreads();
-  for (int j = row; j < GROUP; j += ROWS) {
+  for (int idx = threadIdx.x; idx < heads_per_cta * HEAD_DIM; idx += kDecodeThreads) {
+    const int row = idx / HEAD_DIM, col = idx % HEAD_DIM;
     float m_all = neg_inf();
-    for (int r = 0; r < ROWS; ++r) m_all = fmaxf(m_all, c_md[(r * GROUP + j) * 2]);
-    float d_all = 0.0f, acc[VEC] = {};
-    for (int r = 0; r < ROWS; ++r) {
-      const float w = scale_from(c_md[(r * GROUP + j) * 2], m_all);
-      d_all += w * c_md[(r * GROUP + j) * 2 + 1];
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) acc[k] += w * c_o[(r * GROUP + j) * HEAD_DIM + lane * VEC + k];
+    for (int w = 0; w < kDecodeWarps; ++w) m_all = fmaxf(m_all, c_m[w * kMaxHeadsPerCta + row]);
+    float l_all = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float wgt = scale_from(c_m[w * kMaxHeadsPerCta + row], m_all);
+      l_all += wgt * c_l[w * kMaxHeadsPerCta + row];
+      acc += wgt * c_o[(w * kMaxHeadsPerCta + row) * HEAD_DIM + col];
     }
-    const float inv = d_all > 0.0f ? 1.0f / d_all : 0.0f;
-    const float lse = merged_lse(m_all, d_all);
-    const int head = qo_head0 + j;
+    const float value = l_all > 0.0f ? acc / l_all : 0.0f;
+    const int head = qo_head0 + row;
     if (out_index < 0) {
-      V ov;
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) ov.set(k, acc[k] * inv);
-      ov.store(static_cast<T*>(p.out) + request * p.out_stride_b + head * p.out_stride_h + lane * VEC);
-      if (p.lse != nullptr && lane == 0) p.lse[request * p.lse_stride_b + head] = lse;
+      static_cast<T*>(p.out)[request * p.out_stride_b + head * p.out_stride_h + col] = Convert<T>::from_float(value);
+      if (p.lse != nullptr && col == 0) p.lse[request * p.lse_stride_b + head] = merged_lse(m_all, l_all);
     } else {
-      float* dst = p.partial_out + (int64_t(out_index) * p.num_qo_heads + head) * HEAD_DIM + lane * VEC;
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) dst[k] = acc[k] * inv;
-      if (lane == 0) p.partial_lse[int64_t(out_index) * p.num_qo_heads + head] = lse;
+      p.partial_out[(int64_t(out_index) * p.num_qo_heads + head) * HEAD_DIM + col] = value;
+      if (col == 0) p.partial_lse[int64_t(out_index) * p.num_qo_heads + head] = merged_lse(m_all, l_all);
     }
   }
 }
 
-// Query heads per CTA: the largest of 8, 4, 2, 1 that divides the GQA group size (one table).
+// Query heads per CTA: the largest divisor of the GQA group size that fits the MMA's 16 rows
+// (one table, shared with the Python schedule).
 inline int heads_per_cta(int64_t group_size) {
-  for (int g : {8, 4, 2, 1}) {
-    if (group_size % g == 0) return g;
+  for (int h = kMaxHeadsPerCta; h > 1; --h) {
+    if (group_size % h == 0) return h;
   }
   return 1;
+}
+
+// Raise the kernel's dynamic shared-memory limit once per device when it needs more than 48 KB.
+template <typename Kernel>
+cudaError_t allow_smem(Kernel kernel, size_t bytes, int device) {
+  constexpr int kMaxDevices = 64;
+  static bool done[kMaxDevices] = {};
+  if (bytes <= 48 * 1024 || device < 0 || device >= kMaxDevices || done[device]) return cudaSuccess;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  done[device] = err == cudaSuccess;
+  return err;
 }
 
 template <typename T, int HEAD_DIM, bool SOFTCAP>
@@ -253,18 +290,19 @@ Status launch_decode(const DecodeParams& p, LaunchContext ctx) {
   }
   if (p.work_capacity == 0) return Status::Ok();
   DeviceGuard guard(ctx.device);
+  int device = 0;
+  cudaGetDevice(&device);
   const auto stream = static_cast<cudaStream_t>(ctx.stream);
   const int64_t group_size = p.num_qo_heads / p.num_kv_heads;
-  const int g = heads_per_cta(group_size);
-  const dim3 grid(static_cast<unsigned>(p.work_capacity), static_cast<unsigned>(p.num_kv_heads * (group_size / g)));
+  const int heads = heads_per_cta(group_size);
+  const dim3 grid(static_cast<unsigned>(p.work_capacity), static_cast<unsigned>(p.num_kv_heads * (group_size / heads)));
   if (grid.y > 65535) return Status::Error(1, "decode: too many kv heads x head chunks for one launch");
-  const bool launched = dispatch_value<1, 2, 4, 8>(g, [&](auto kGroup) {
-    constexpr int GROUP = decltype(kGroup)::value;
-    using S = DecodeShape<T, HEAD_DIM, GROUP>;
-    decode_paged_kernel<T, HEAD_DIM, GROUP, SOFTCAP><<<grid, kDecodeThreads, S::kSmemBytes, stream>>>(p);
-  });
-  if (!launched) return Status::Error(1, "decode: no kernel for " + std::to_string(g) + " heads per CTA");
-  Status st = cuda_status(cudaGetLastError(), "decode kernel launch");
+  using S = DecodeShape<T, HEAD_DIM>;
+  auto kernel = decode_paged_kernel<T, HEAD_DIM, SOFTCAP>;
+  Status st = cuda_status(allow_smem(kernel, S::kSmemBytes, device), "decode: raising the shared-memory limit");
+  if (!st.ok()) return st;
+  kernel<<<grid, kDecodeThreads, S::kSmemBytes, stream>>>(p, heads);
+  st = cuda_status(cudaGetLastError(), "decode kernel launch");
   if (!st.ok() || p.merge_capacity == 0) return st;
   return launch_merge_decode_partials<T, HEAD_DIM>(p, stream);
 }

@@ -39,16 +39,35 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_states_kernel(const Me
   const TIn* v = static_cast<const TIn*>(p.v) + item * p.v_item_stride + head * p.v_head_stride;
   const int dim0 = threadIdx.x * VEC;
 
+  // The weights: lanes take states j = lane, lane + 32, ... (loads in parallel), then warp sums.
   float max_lse = neg_inf();
-  for (int64_t j = 0; j < count; ++j) max_lse = fmaxf(max_lse, s[(first + j) * p.s_state_stride]);
-  float sum = 0.0f, acc[VEC] = {};
-  for (int64_t j = 0; j < count; ++j) {
-    const float w = scale_from(s[(first + j) * p.s_state_stride], max_lse);
-    sum += w;
-    if (dim0 < HEAD_DIM) {
-      const TIn* vj = v + (first + j) * p.v_state_stride + dim0;
+  for (int64_t j = threadIdx.x; j < count; j += 32) max_lse = fmaxf(max_lse, s[(first + j) * p.s_state_stride]);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) acc[k] += w * Convert<TIn>::to_float(vj[k]);
+  for (int offset = 16; offset > 0; offset /= 2)
+    max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, offset));
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < count; j += 32) sum += scale_from(s[(first + j) * p.s_state_stride], max_lse);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  // The values: batches of kBatch states, every load of a batch issued before its FMAs.
+  constexpr int kBatch = 8;
+  float acc[VEC] = {};
+  for (int64_t j0 = 0; j0 < count; j0 += kBatch) {
+    float w[kBatch], x[kBatch][VEC];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t j = j0 + b;
+      w[b] = j < count ? scale_from(s[(first + j) * p.s_state_stride], max_lse) : 0.0f;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        x[b][k] = (j < count && dim0 < HEAD_DIM) ? Convert<TIn>::to_float(v[(first + j) * p.v_state_stride + dim0 + k])
+                                                 : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) acc[k] += w[b] * x[b][k];
     }
   }
   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;

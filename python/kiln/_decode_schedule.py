@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-MIN_CHUNK = 128
+MIN_CHUNK = 256
 CHUNK_ALIGN = 64
 
 

@@ -37,9 +37,9 @@ from . import _attention, _jit
 from ._decode_schedule import schedule
 
 API = "BatchDecodeWithPagedKVCacheWrapper"
-# Resident decode CTAs per SM (128 threads, ~133 registers, 48 KB shared memory for head_dim
-# 128 and 4 heads per CTA): the split heuristic aims at one wave of SMs x this.
-CTAS_PER_SM = 3
+# Resident decode CTAs per SM (4 warps, ~166 registers, 96 KB of shared memory at head_dim 128,
+# so two fit in an SM's 228 KB): the split heuristic aims at one wave of SMs x this.
+CTAS_PER_SM = 2
 HOST_SLOTS = 16  # the CPU backend's nominal width: small batches still exercise split-KV
 
 
@@ -279,9 +279,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
 
 def _heads_per_cta(group_size: int) -> int:
-    """The kernel's table (ops/attention/decode.cuh, heads_per_cta): largest of 8, 4, 2, 1 dividing
-    the GQA group size."""
-    return next(g for g in (8, 4, 2, 1) if group_size % g == 0)
+    """The kernel's table (ops/attention/decode.cuh, heads_per_cta): the largest divisor of the GQA
+    group size that fits the MMA's 16 rows."""
+    return next(h for h in range(16, 0, -1) if group_size % h == 0)
 
 
 _single_workspaces: dict[torch.device, torch.Tensor] = {}
