@@ -79,7 +79,7 @@ def bench_shape(batch, kv_len, fi, gpu, ceiling, l2, repeats):
             fw.plan(indptr, perm, last, HQ, HK, D, PAGE, q_data_type=torch.bfloat16,
                     kv_data_type=torch.bfloat16)
             backends[name] = lambda i, fw=fw: fw.run(q, caches[i])
-    plan_info = {"chunk": w._plan["chunk"], "work_items": w._plan["num_items"], "partials": w._plan["slots"]}
+    plan_info = w.plan_info
     records = []
     for name, fn in backends.items():
         got = fn(0)

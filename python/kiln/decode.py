@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -41,6 +42,33 @@ API = "BatchDecodeWithPagedKVCacheWrapper"
 # so two fit in an SM's 228 KB): the split heuristic aims at one wave of SMs x this.
 CTAS_PER_SM = 2
 HOST_SLOTS = 16  # the CPU backend's nominal width: small batches still exercise split-KV
+
+
+@dataclass(eq=False)
+class _Plan:
+    """What plan() decided, kept for run(): shapes to check, the module, and DLPack capsules of
+    every device buffer the plan owns."""
+
+    batch: int
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    window_left: int
+    soft_cap: float | None
+    q_dtype: torch.dtype
+    kv_dtype: torch.dtype
+    sm_scale: float
+    indices: torch.Tensor
+    nnz_pages: int
+    chunk: int
+    num_items: int
+    slots: int
+    module: object
+    fixed: tuple
+    partials: tuple
+    keep: tuple  # the tensors behind the capsules
+    checked: tuple | None = None
 
 
 def _dtype(value, default: torch.dtype | None = None) -> torch.dtype:
@@ -86,6 +114,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._workspace = float_workspace_buffer.view(-1).view(torch.uint8)
         self._device = float_workspace_buffer.device
         self._kv_layout = kv_layout
+        self._layout = _attention.LAYOUTS[kv_layout]
         self._use_cuda_graph = use_cuda_graph
         self._plan = None
         self._copy_done = None
@@ -109,6 +138,15 @@ class BatchDecodeWithPagedKVCacheWrapper:
     @property
     def is_cuda_graph_enabled(self) -> bool:
         return self._use_cuda_graph
+
+    @property
+    def plan_info(self) -> dict:
+        """The current plan's schedule: split chunk in tokens (0 = unsplit), work items, and
+        float32 partial slots."""
+        p = self._plan
+        if p is None:
+            raise RuntimeError(f"{API}.plan_info: no plan yet")
+        return {"chunk": p.chunk, "work_items": p.num_items, "partial_slots": p.slots}
 
     def plan(self, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
              num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
@@ -135,8 +173,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if kv_dtype != q_dtype:
             raise ValueError(f"{API}.plan: kv_data_type {kv_dtype} must equal q_data_type {q_dtype} "
                              "(mixed-precision caches are not supported yet)")
-        # Resolve the module now so an unsupported dtype/head_dim fails at plan, not at run.
-        _attention.module(q_dtype, head_dim, logits_soft_cap is not None, self._device, API + ".plan")
+        # Resolve (and, the first time, compile) the module now: an unsupported dtype or head_dim
+        # fails at plan, and run() has nothing left to look up.
+        module = _attention.module(q_dtype, head_dim, logits_soft_cap is not None, self._device,
+                                   API + ".plan")
 
         indptr_h = indptr.to("cpu", torch.int64)
         last_h = last_page_len.to("cpu", torch.int64)
@@ -189,12 +229,21 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if need > self._workspace.numel():
             raise ValueError(f"{API}.plan: float_workspace_buffer has {self._workspace.numel()} bytes; this "
                              f"plan's split-KV partials need {need} (allocate a larger buffer, e.g. 128 MB)")
-        self._plan = dict(
+        h, d = num_qo_heads, head_dim
+        fws = self._workspace[: slots * h * (d + 1) * 4].view(torch.float32)
+        partial_out, partial_lse = fws[: slots * h * d].view(slots, h, d), fws[slots * h * d:].view(slots, h)
+        # Everything run() passes that the plan owns is converted to DLPack once, here: the binding
+        # borrows capsules without consuming them, so run() only converts q, the caches and out.
+        fixed = tuple(_jit.dl(t) for t in (indptr_d, indices_d, work["request"], work["begin"], work["end"],
+                                           work["out_index"], work["merge_request"], work["merge_indptr"]))
+        self._plan = _Plan(
             batch=batch, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
             page_size=page_size, window_left=window_left, soft_cap=logits_soft_cap, q_dtype=q_dtype,
             kv_dtype=kv_dtype, sm_scale=sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim),
-            indptr=indptr_d, indices=indices_d, work=work, slots=slots, nnz_pages=int(indptr_h[-1]),
-            chunk=sched.chunk, num_items=sched.request.numel(),
+            indices=indices_d, nnz_pages=int(indptr_h[-1]), chunk=sched.chunk,
+            num_items=sched.request.numel(),
+            slots=slots, module=module, fixed=fixed, partials=(_jit.dl(partial_out), _jit.dl(partial_lse)),
+            keep=(indptr_d, indices_d, work, partial_out, partial_lse),
         )
 
     def _upload_work(self, sched, work_cap: int, merge_cap: int, non_blocking: bool) -> dict:
@@ -239,19 +288,19 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if args or q_scale is not None or k_scale is not None or v_scale is not None:
             raise ValueError(f"{API}.run: scales and extra positional arguments (fp8 caches) are "
                              "not supported")
-        if window_left is not None and window_left != p["window_left"]:
-            raise ValueError(f"{API}.run: window_left={window_left} differs from plan's {p['window_left']}")
-        k_cache, v_cache = _attention.split_cache(paged_kv_cache, API + ".run")
-        page_size, kv_heads, head_dim = _attention.cache_geometry(k_cache, self._kv_layout, API + ".run")
-        expect = {"q.shape": ([p["batch"], p["num_qo_heads"], p["head_dim"]], list(q.shape)),
-                  "q.dtype": (p["q_dtype"], q.dtype), "cache dtype": (p["kv_dtype"], k_cache.dtype),
-                  "page_size": (p["page_size"], page_size), "num_kv_heads": (p["num_kv_heads"], kv_heads),
-                  "cache head_dim": (p["head_dim"], head_dim), "device": (self._device, q.device)}
-        wrong = [f"{k}: planned {a}, got {b}" for k, (a, b) in expect.items() if a != b]
-        if wrong:
-            raise ValueError(f"{API}.run does not match its plan: {'; '.join(wrong)}")
-        if env.get("KILN_VALIDATE_INDICES") and p["nnz_pages"]:
-            used = p["indices"][:p["nnz_pages"]]
+        if window_left is not None and window_left != p.window_left:
+            raise ValueError(f"{API}.run: window_left={window_left} differs from plan's {p.window_left}")
+        if type(paged_kv_cache) is tuple and len(paged_kv_cache) == 2:
+            k_cache, v_cache = paged_kv_cache
+        else:
+            k_cache, v_cache = _attention.split_cache(paged_kv_cache, API + ".run")
+        # Full plan/run check once per distinct (q, cache) signature; later calls compare one tuple.
+        signature = (q.shape, q.dtype, q.device, k_cache.shape, k_cache.dtype)
+        if signature != p.checked:
+            self._check_run(p, q, k_cache)
+            p.checked = signature
+        if p.nnz_pages and env.get("KILN_VALIDATE_INDICES"):
+            used = p.indices[: p.nnz_pages]
             lo, hi = int(used.min()), int(used.max())
             if lo < 0 or hi >= k_cache.shape[0]:
                 raise ValueError(f"{API}.run: page indices span [{lo}, {hi}] but the cache has "
@@ -260,20 +309,21 @@ class BatchDecodeWithPagedKVCacheWrapper:
             out = torch.empty_like(q)
         if return_lse and lse is None:
             lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-        h, d, slots = p["num_qo_heads"], p["head_dim"], p["slots"]
-        fws = self._workspace[: slots * h * (d + 1) * 4].view(torch.float32)
-        partial_out = fws[: slots * h * d].view(slots, h, d)
-        partial_lse = fws[slots * h * d:].view(slots, h)
-        soft_cap = p["soft_cap"]
-        mod = _attention.module(q.dtype, d, soft_cap is not None, q.device, API + ".run")
-        w = p["work"]
-        mod.decode(_jit.dl(q), _jit.dl(k_cache), _jit.dl(v_cache), _attention.LAYOUTS[self._kv_layout],
-                   _jit.dl(p["indptr"]), _jit.dl(p["indices"]), _jit.dl(w["request"]), _jit.dl(w["begin"]),
-                   _jit.dl(w["end"]), _jit.dl(w["out_index"]), _jit.dl(w["merge_request"]),
-                   _jit.dl(w["merge_indptr"]), _jit.dl(out), None if lse is None else _jit.dl(lse),
-                   _jit.dl(partial_out), _jit.dl(partial_lse), p["sm_scale"],
-                   soft_cap if soft_cap is not None else 0.0, _jit.stream_of(q.device))
+        to_dl = _jit.dl
+        p.module.decode(to_dl(q), to_dl(k_cache), to_dl(v_cache), self._layout, *p.fixed, to_dl(out),
+                        None if lse is None else to_dl(lse), *p.partials, p.sm_scale,
+                        p.soft_cap if p.soft_cap is not None else 0.0, _jit.stream_of(q.device))
         return (out, lse) if return_lse else out
+
+    def _check_run(self, p: _Plan, q: torch.Tensor, k_cache: torch.Tensor) -> None:
+        page_size, kv_heads, head_dim = _attention.cache_geometry(k_cache, self._kv_layout, API + ".run")
+        expect = {"q.shape": ([p.batch, p.num_qo_heads, p.head_dim], list(q.shape)),
+                  "q.dtype": (p.q_dtype, q.dtype), "cache dtype": (p.kv_dtype, k_cache.dtype),
+                  "page_size": (p.page_size, page_size), "num_kv_heads": (p.num_kv_heads, kv_heads),
+                  "cache head_dim": (p.head_dim, head_dim), "device": (self._device, q.device)}
+        wrong = [f"{k}: planned {a}, got {b}" for k, (a, b) in expect.items() if a != b]
+        if wrong:
+            raise ValueError(f"{API}.run does not match its plan: {'; '.join(wrong)}")
 
     forward = run  # FlashInfer's older name
 
