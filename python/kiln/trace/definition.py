@@ -20,7 +20,11 @@ def _tensor(spec: Tensor) -> dict[str, Any]:
 def _input(spec: Tensor | Scalar, example: Example, name: str) -> dict[str, Any]:
     if isinstance(spec, Tensor):
         return _tensor(spec)
-    out = {"shape": None, "dtype": spec.dtype, "value": example.scalars.get(name, spec.default)}
+    out: dict[str, Any] = {"shape": None, "dtype": spec.dtype}
+    if spec.axis:
+        out["axis"] = spec.axis
+    else:
+        out["value"] = example.scalars.get(name, spec.default)
     return {**out, **({"doc": spec.doc} if spec.doc else {})}
 
 

@@ -6,12 +6,15 @@ the tolerance the API must meet against it. Examples bind the constant axes to a
 numbers and list the variable axes' values seen in decode or prefill; template x example is one
 benchmark definition (benchmarks/definitions/<op>/<example>.json).
 
-Shapes are tuples of axis names; the dtype of a tensor is a torch dtype name ("float32", "int32")
-or WORKLOAD_DTYPE, the dtype the workload runs in (one of the template's `dtypes`).
+Shapes are tuples of dimensions, each an axis name or a small integer expression of axes
+("batch_size + 1", "batch_size * cdiv(kv_len, page_size)": + - * // and cdiv); the dtype of a
+tensor is a torch dtype name ("float32", "int32") or WORKLOAD_DTYPE, the dtype the workload runs
+in (one of the template's `dtypes`).
 """
 
 from __future__ import annotations
 
+import ast
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +39,39 @@ def dtype_name(name: str) -> str:
 
 def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, dtype_name(name))
+
+
+_BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+           ast.FloorDiv: lambda a, b: a // b}
+
+
+def _dim_value(node: ast.AST, axes: Mapping[str, int], text: str) -> int:
+    if isinstance(node, ast.Expression):
+        return _dim_value(node.body, axes, text)
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id not in axes:
+            raise ValueError(f"dimension {text!r} names {node.id!r}, which is not an axis")
+        return axes[node.id]
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        return _BINOPS[type(node.op)](_dim_value(node.left, axes, text), _dim_value(node.right, axes, text))
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "cdiv"
+            and len(node.args) == 2 and not node.keywords):
+        a, b = (_dim_value(x, axes, text) for x in node.args)
+        return -(-a // b)
+    raise ValueError(f"dimension {text!r}: only axis names, integers, + - * // and cdiv(a, b)")
+
+
+def dim(text: str, axes: Mapping[str, int]) -> int:
+    """The value of one shape entry (an axis name or an expression of axes)."""
+    if text in axes:
+        return axes[text]
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError as e:
+        raise ValueError(f"dimension {text!r} is not an expression of axes: {e.msg}") from e
+    return _dim_value(tree, axes, text)
 
 
 @dataclass(frozen=True)
@@ -75,11 +111,13 @@ class Tensor:
 @dataclass(frozen=True)
 class Scalar:
     """A non-tensor argument (eps, scale). `default` must equal the API's default; an example may
-    set a model's own value (Llama's eps is 1e-5)."""
+    set a model's own value (Llama's eps is 1e-5). `axis`: the value is that axis's (plan()'s
+    num_qo_heads, head_dim, page_size)."""
 
     dtype: str
-    default: Any
+    default: Any = None
     doc: str = ""
+    axis: str | None = None
 
 
 @dataclass(frozen=True)
@@ -117,16 +155,20 @@ class TraceTemplate:
     plan_inputs: tuple[str, ...] = ()  # plan/run APIs: the inputs that go to plan(), not run()
     options: Mapping[str, str] = field(default_factory=dict)  # API parameters that are no part
     # of the workload (layout switches, return_lse), each with why
-    make_inputs: MakeInputs | None = None  # inputs that are not random floats (indices, lengths)
+    make_inputs: MakeInputs | None = None  # makes the inputs that are not random floats
+    # (indices, lengths); returns {name: value} for those only
 
     def __post_init__(self):
+        probe = dict.fromkeys(self.axes, 1)
         for where, specs in (("inputs", self.inputs), ("outputs", self.outputs)):
             for name, spec in specs.items():
-                shape = spec.shape if isinstance(spec, Tensor) else ()
-                unknown = [a for a in shape if a not in self.axes]
-                if unknown:
-                    raise ValueError(f"trace template {self.name}: {where}[{name!r}] uses axes "
-                                     f"{unknown} that are not declared in axes {list(self.axes)}")
+                dims = spec.shape if isinstance(spec, Tensor) else ((spec.axis,) if spec.axis else ())
+                for d in dims:
+                    try:
+                        dim(d, probe)
+                    except ValueError as e:
+                        raise ValueError(f"trace template {self.name}: {where}[{name!r}]: {e}; "
+                                         f"axes: {list(self.axes)}") from e
         for dt in self.tolerance:
             dtype_name(dt)
         for ex in self.examples:
@@ -162,38 +204,46 @@ class TraceTemplate:
         return values
 
     def shape_of(self, spec: Tensor, axes: Mapping[str, int]) -> tuple[int, ...]:
-        return tuple(axes[a] for a in spec.shape)
+        return tuple(dim(d, axes) for d in spec.shape)
 
     def dtype_of(self, spec: Tensor | Scalar, dtype: str) -> torch.dtype:
         return torch_dtype(dtype if spec.dtype == WORKLOAD_DTYPE else spec.dtype)
 
-    def scalar_values(self, overrides: Mapping[str, Any] = ()) -> dict[str, Any]:
+    def scalar_values(self, overrides: Mapping[str, Any] = (),
+                      axes: Mapping[str, int] | None = None) -> dict[str, Any]:
+        """Scalar inputs: `overrides` (an example's), else the default; axis-valued scalars from
+        `axes` (left out when no axes are given)."""
         overrides = dict(overrides)
-        return {n: overrides.get(n, s.default) for n, s in self.inputs.items() if isinstance(s, Scalar)}
+        out = {}
+        for n, s in self.inputs.items():
+            if isinstance(s, Scalar) and s.axis is None:
+                out[n] = overrides.get(n, s.default)
+            elif isinstance(s, Scalar) and axes is not None:
+                out[n] = axes[s.axis]
+        return out
 
     def build_inputs(self, axes: Mapping[str, int], dtype: str, device: torch.device | str,
                      seed: int, scalars: Mapping[str, Any] = ()) -> dict[str, Any]:
-        """Fresh inputs for one workload: standard-normal floats (generated in float32 on the CPU,
-        so every device and dtype sees the same values), scalars from `scalars` or the defaults.
-        Templates with index or length inputs supply make_inputs."""
+        """Fresh inputs for one workload: what make_inputs makes (index and length tensors), then
+        standard-normal floats for the other tensors (generated in float32 on the CPU, so every
+        device and dtype sees the same values), scalars from `scalars`, the defaults or the axes."""
         dtype = dtype_name(dtype)
         if dtype not in self.dtypes:
             raise ValueError(f"{self.name} does not support {dtype}; supported: {list(self.dtypes)}")
         gen = torch.Generator().manual_seed(seed)
-        if self.make_inputs is not None:
-            made = self.make_inputs(self, axes, dtype, torch.device(device), gen)
-        else:
-            made = {}
-            for name, spec in self.inputs.items():
-                if isinstance(spec, Scalar):
-                    continue
-                tdtype = self.dtype_of(spec, dtype)
-                if not tdtype.is_floating_point:
-                    raise TypeError(f"{self.name}: input {name!r} is {tdtype}; a template with "
-                                    "non-float inputs must define make_inputs")
-                t = torch.randn(self.shape_of(spec, axes), generator=gen, dtype=torch.float32)
-                made[name] = t.to(device=device, dtype=tdtype)
-        made.update(self.scalar_values(scalars))
+        made = {}
+        if self.make_inputs is not None:  # the inputs that are not random floats, first
+            made = dict(self.make_inputs(self, axes, dtype, torch.device(device), gen))
+        for name, spec in self.inputs.items():
+            if isinstance(spec, Scalar) or name in made:
+                continue
+            tdtype = self.dtype_of(spec, dtype)
+            if not tdtype.is_floating_point:
+                raise TypeError(f"{self.name}: input {name!r} is {tdtype}; make it in the "
+                                "template's make_inputs (only float inputs are made randomly)")
+            t = torch.randn(self.shape_of(spec, axes), generator=gen, dtype=torch.float32)
+            made[name] = t.to(device=device, dtype=tdtype)
+        made.update(self.scalar_values(scalars, axes))
         missing = sorted(set(self.inputs) - set(made))
         if missing:
             raise ValueError(f"{self.name}: make_inputs did not make {missing}")
