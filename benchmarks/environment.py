@@ -16,6 +16,7 @@ import kiln
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CPU_CACHE = 32 << 20  # when sysfs does not say
+DEFAULT_GPU_L2 = 128 << 20  # when torch does not say: at least any current GPU's L2
 
 
 def pick_device(name: str) -> torch.device:
@@ -57,7 +58,7 @@ def device_info(device: torch.device) -> dict:
         p = torch.cuda.get_device_properties(device)
         return {"type": "cuda", "name": p.name, "arch": f"{p.major}.{p.minor}",
                 "sms": p.multi_processor_count, "memory_bytes": p.total_memory,
-                "cache_bytes": int(getattr(p, "L2_cache_size", 0) or 0)}
+                "cache_bytes": int(getattr(p, "L2_cache_size", 0) or 0) or DEFAULT_GPU_L2}
     return {"type": "cpu", "name": _cpu_name(), "arch": platform.machine(),
             "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "cache_bytes": cpu_cache_bytes()}

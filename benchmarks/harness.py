@@ -171,15 +171,26 @@ class Runner:
         t = r.template
         dtype = dtype_name(o.dtype)
         names = o.backends or tuple(b.name for b in r.backends)
-        base = t.build_inputs(case.axes, dtype, o.device, _seed(case), case.scalars)
-        expected = t.run_reference(base)
         nbytes = r.counted_bytes(case.axes, dtype)
         flops = r.counted_flops(case.axes, dtype)
         cache = int(self.device_info.get("cache_bytes") or 0)
         cap = min(r.max_sets or MAX_SETS[o.device.type], MAX_SETS[o.device.type])
         k = rotating_sets(nbytes, cache, cap)
-        # `base` stays pristine for every backend's check; in-place APIs mutate the timed sets.
-        sets = [clone_inputs(base) for _ in range(k)]
+        try:
+            base = t.build_inputs(case.axes, dtype, o.device, _seed(case), case.scalars)
+            expected = t.run_reference(base)
+            # `base` stays pristine for every backend's check; in-place APIs mutate the timed sets.
+            sets = [clone_inputs(base) for _ in range(k)]
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory: this case fails, the run goes on
+            if o.verbose:
+                traceback.print_exc(file=sys.stderr)
+            records = []
+            for name in names:
+                rec = {**self._base(case, name), "status": "failed",
+                       "error": f"making the inputs or the reference raised {_error_text(e)}"}
+                records.append(rec)
+                self.emit(rec)
+            return records
         layout = {"rotating_sets": k, "set_bytes": nbytes, "cache_bytes": cache,
                   "cold_cache": k * nbytes > cache}
         records = []
@@ -197,7 +208,7 @@ class Runner:
     def _check_and_time(self, case, name, base, sets, expected, nbytes, flops, timing_rec) -> dict[str, Any]:
         o, r = self.o, case.routine
         t, b = r.template, r.backend(name)
-        why = b.available(o.device)
+        why = b.available(o.device, o.dtype)
         if why:
             return {"status": "unavailable", "error": why}
         ctx = SetupContext(o.device, o.dtype, case.axes)

@@ -38,10 +38,14 @@ def plot(records: Sequence[dict[str, Any]], out: Path) -> Path:
         for r in rs:
             y = r["gbps"] if use_bw else r.get("tflops")
             if y is not None:
-                lines[f"{r['backend']} ({mode_label(r)})"].append((r["bytes_per_call"], y))
-        for label, pts in sorted(lines.items()):
+                lines[(r["backend"], mode_label(r))].append((r["bytes_per_call"], y))
+        # One colour per backend, dashed for CUDA-graph timings.
+        colours = {b: f"C{i}" for i, b in enumerate(sorted({b for b, _ in lines}, key=lambda b: b != "kiln"))}
+        for (backend, mode), pts in sorted(lines.items()):
             pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=label)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3,
+                    color=colours[backend], linestyle="--" if "graph" in mode else "-",
+                    label=f"{backend} ({mode})")
         ceil = rs[0].get("ceilings") or {}
         limit = ceil.get("copy_gbps") if use_bw else ceil.get("gemm_tflops")
         if limit:

@@ -32,11 +32,11 @@ class SetupContext:
 Setup = Callable[[dict[str, Any], SetupContext], Callable[[], Any]]
 
 
-def always_available(device: torch.device) -> str | None:
+def always_available(device: torch.device, dtype: str) -> str | None:
     return None
 
 
-def cuda_only(device: torch.device) -> str | None:
+def cuda_only(device: torch.device, dtype: str = "") -> str | None:
     return None if device.type == "cuda" else f"needs a CUDA device (running on {device.type})"
 
 
@@ -44,7 +44,9 @@ def cuda_only(device: torch.device) -> str | None:
 class Backend:
     name: str  # "kiln", "torch", "flashinfer", ...
     setup: Setup
-    available: Callable[[torch.device], str | None] = always_available  # None, or why not here
+    # (device, torch dtype name) -> None, or why this backend cannot run that here (a missing
+    # package, a device or dtype it does not support): recorded `unavailable`, not `failed`
+    available: Callable[[torch.device, str], str | None] = always_available
     version: Callable[[], str] = lambda: ""
 
 

@@ -79,13 +79,29 @@ def calls_for(target_s: float, per_call_s: float, max_calls: int) -> int:
     return max(1, min(max_calls, math.ceil(target_s / max(per_call_s, 1e-9))))
 
 
+_cupti_disabled: str | None = None  # set by the first CUPTI failure: the rest of the run uses
+# events, so results of one run stay comparable
+
+
+def _disable_cupti(reason: str) -> str:
+    global _cupti_disabled
+    _cupti_disabled = reason
+    return reason
+
+
 def cupti_status() -> str | None:
-    """None when cupti-python can be used, else why not."""
-    try:
-        importlib.import_module("cupti.cupti")
-    except Exception as e:  # noqa: BLE001 - any import failure means "not here"
-        return f"cupti-python is not importable ({type(e).__name__}: {e})"
-    return None
+    """None when cupti-python can be used here, else why not. The first call probes CUPTI on a
+    tiny kernel, so a broken installation is found before anything is measured with it."""
+    global _cupti_disabled
+    if _cupti_disabled is None:
+        try:
+            importlib.import_module("cupti.cupti")
+            x = torch.zeros(1, device="cuda")
+            _cupti_samples(lambda: x.add_(1), 1, 2, torch.cuda.synchronize)
+            _cupti_disabled = ""
+        except Exception as e:  # noqa: BLE001 - any failure means "not usable here"
+            _cupti_disabled = f"cupti-python not usable ({type(e).__name__}: {e})"
+    return _cupti_disabled or None
 
 
 def measure(runs: Sequence[Callable[[], object]], device: torch.device, s: Settings) -> Measurement:
@@ -152,10 +168,10 @@ def _measure_cuda(rot: Rotation, s: Settings) -> Measurement:
         reason = cupti_status()
         if reason is None:
             try:
-                return Measurement(_cupti_samples(step, n, s.measurements), "cupti", s.cuda_graph,
-                                   n, warm)
+                return Measurement(_cupti_samples(step, n, s.measurements, torch.cuda.synchronize),
+                                   "cupti", s.cuda_graph, n, warm)
             except CuptiUnusable as e:
-                reason = f"CUPTI failed: {e}"
+                reason = _disable_cupti(f"CUPTI failed, CUDA events from here on: {e}")
         if s.timer == "cupti":
             raise RuntimeError(f"--timer cupti: {reason}; install cupti-python (CUDA 13+) or use "
                                "--timer cuda_events")
@@ -199,7 +215,8 @@ def _busy_ns(intervals: list[tuple[int, int]]) -> int:
     return total
 
 
-def _cupti_samples(step: Callable[[], None], n: int, measurements: int) -> list[float]:
+def _cupti_samples(step: Callable[[], object], n: int, measurements: int,
+                   sync: Callable[[], None]) -> list[float]:
     """Per-call GPU busy time for each measurement, from CUPTI activity records. Each measurement
     runs between two CUPTI timestamps and a synchronize, so a record belongs to the measurement
     whose window holds its start (activity timestamps share cupti.get_timestamp()'s clock)."""
@@ -224,7 +241,7 @@ def _cupti_samples(step: Callable[[], None], n: int, measurements: int) -> list[
             for _ in range(measurements):
                 t0 = cupti.get_timestamp()
                 step()
-                torch.cuda.synchronize()
+                sync()
                 windows.append((t0, cupti.get_timestamp()))
             cupti.activity_flush_all(1)
         finally:

@@ -36,7 +36,9 @@ def _flashinfer():
         return None, f"flashinfer is not importable: {type(e).__name__}: {e}"
 
 
-def flashinfer_available(device: torch.device) -> str | None:
+def flashinfer_available(device: torch.device, dtype: str) -> str | None:
+    if dtype not in ("float16", "bfloat16"):
+        return f"FlashInfer's norm kernels take float16 and bfloat16, not {dtype}"
     return cuda_only(device) or _flashinfer()[1]
 
 

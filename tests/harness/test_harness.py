@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 import time
 
 import pytest
@@ -91,7 +92,7 @@ def _unwritten(inp, ctx):
 
 TOY = Routine(api=kiln.rmsnorm, backends=(
     Backend("good", _good), Backend("wrong", _wrong), Backend("raises", _raises),
-    Backend("unwritten", _unwritten), Backend("absent", _good, available=lambda d: "not installed")))
+    Backend("unwritten", _unwritten), Backend("absent", _good, available=lambda d, t: "not installed")))
 
 
 def _run(routine, shapes, backends=None, **kw):
@@ -192,3 +193,76 @@ def test_shapes_presets_examples_and_ad_hoc():
         selection.select(r, defs, ["llama"])
     with pytest.raises(ValueError, match="is not axis=integer"):
         selection.select(r, defs, ["tokens=x"])
+
+
+class FakeCupti:
+    """Stands in for cupti.cupti: a clock, buffer callbacks, and kernel records that `launch`
+    places inside the current measurement window."""
+
+    class ActivityKind:
+        CONCURRENT_KERNEL, MEMCPY, MEMSET, RUNTIME = 10, 1, 2, 5
+
+    class Record:
+        def __init__(self, kind, start, end):
+            self.kind, self.start, self.end = kind, start, end
+
+    def __init__(self):
+        self.clock, self.pending, self.log = 0, [], []
+
+    def activity_register_callbacks(self, requested, completed):
+        assert requested() == (8 * 1024 * 1024, 0)
+        self.completed = completed
+
+    def activity_enable(self, kind):
+        self.log.append(("enable", kind))
+
+    def activity_disable(self, kind):
+        self.log.append(("disable", kind))
+
+    def get_timestamp(self):
+        self.clock += 1000
+        return self.clock
+
+    def launch(self, offset, length, kind=10):
+        self.pending.append(self.Record(kind, self.clock + offset, self.clock + offset + length))
+
+    def activity_flush_all(self, flag):
+        self.completed(self.pending)
+
+    def finalize(self):
+        self.log.append("finalize")
+
+
+def test_cupti_samples_are_busy_time_per_call_within_each_window(monkeypatch):
+    import types
+
+    fake = FakeCupti()
+    monkeypatch.setitem(sys.modules, "cupti", types.SimpleNamespace(cupti=fake))
+
+    def step():  # two calls: kernels of 100 and 50 ns overlapping by 20, a 30 ns memcpy, and an
+        fake.launch(10, 100)  # API record that is not GPU work
+        fake.launch(90, 50)
+        fake.launch(400, 30, kind=1)
+        fake.launch(500, 999, kind=5)
+
+    samples = timing._cupti_samples(step, 2, 3, lambda: None)
+    assert samples == pytest.approx([(130 + 30) * 1e-9 / 2] * 3)
+    assert fake.log[-1] == "finalize" and sum(1 for e in fake.log if e[0] == "disable") == 3
+
+    fake2 = FakeCupti()
+    monkeypatch.setitem(sys.modules, "cupti", types.SimpleNamespace(cupti=fake2))
+    with pytest.raises(timing.CuptiUnusable, match="1 activity records in a measurement of 2 calls"):
+        timing._cupti_samples(lambda: fake2.launch(10, 5), 2, 1, lambda: None)
+    assert fake2.log[-1] == "finalize"
+
+
+def test_a_case_whose_inputs_cannot_be_made_fails_and_the_run_goes_on(monkeypatch):
+    def broken(*a, **k):
+        raise MemoryError("no room for the inputs")
+
+    r = ROUTINES["rmsnorm"]
+    monkeypatch.setattr(type(r.template), "build_inputs", broken)
+    recs = _run(r, ["tokens=1,hidden=8"], ("kiln", "torch"))
+    assert [x["status"] for x in recs] == ["failed", "failed"]
+    assert "making the inputs or the reference raised MemoryError: no room" in recs[0]["error"]
+    assert "failed" in table.render(recs).lower()
