@@ -108,6 +108,9 @@ def measure(runs: Sequence[Callable[[], object]], device: torch.device, s: Setti
     if s.timer not in TIMERS:
         raise ValueError(f"timer must be one of {', '.join(TIMERS)}, got {s.timer!r}")
     if device.type == "cuda":
+        if s.timer == "host_wall_clock":
+            raise ValueError("timer host_wall_clock times the CPU backend; on CUDA use auto, cupti "
+                             "or cuda_events")
         return _measure_cuda(Rotation(runs), s)
     if s.cuda_graph:
         raise ValueError(f"--cuda-graph needs a CUDA device; this run is on {device.type}")

@@ -7,6 +7,7 @@ template.py   the format: axes, inputs/outputs, reference, tolerance, examples
 registry.py   the @traced decorator that attaches a template to its API, and the lookup
 examples.py   realistic model shapes (Llama-3.1-8B/70B, Qwen3-32B, Gemma) and decode/prefill sizes
 definition.py template x example -> the JSON benchmark definition
+consistency.py does a template still describe its API's signature (used by the tests)
 norm.py       the templates of kiln.norm's APIs
 """
 
