@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_norm import copy_bandwidth, git_commit, stats, time_backend  # noqa: E402
+from interim import copy_bandwidth, git_commit, stats, time_backend  # noqa: E402
 
 import kiln  # noqa: E402
 

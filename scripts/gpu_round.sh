@@ -4,9 +4,13 @@
 #
 #   bash scripts/gpu_round.sh [pytest args...]
 #
-# SKIP_COMPILE_TIME=1 / SKIP_NORM_BENCH=1 leave out the measurements that did not change.
+# SKIP_COMPILE_TIME=1 / SKIP_GPU_TESTS=1 / SKIP_HARNESS=1 / SKIP_GRAPH_BENCH=1 leave out the
+# steps that did not change.
 #
-# FlashInfer (a peer for benchmarks only) is used when its wheels are carried in .peers/.
+# Peers carried as wheels in .peers/ are installed for the benchmarks: FlashInfer (a backend) and
+# cupti-python (CUPTI kernel timing; without it the harness times with CUDA events).
+# Harness results: $OUT/results.jsonl (eager) and $OUT/results_graph.jsonl (CUDA graphs), their
+# tables in bench.log / bench_graph.log and results.md, and results.png when matplotlib imports.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kiln-out}
@@ -32,15 +36,30 @@ if [ -z "${SKIP_COMPILE_TIME:-}" ]; then
   tail -n 30 "$OUT/compile_time.log"
 fi
 
-echo "== pytest -m gpu"
-timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest_gpu.log" | tail -n 25
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-
-echo "== benchmarks"
-if [ -z "${SKIP_NORM_BENCH:-}" ]; then
-  python3 benchmarks/bench_norm.py --out "$OUT/norm_h200.json" 2>&1 | tee "$OUT/bench_norm.log" | tail -n 30
+if [ -z "${SKIP_GPU_TESTS:-}" ]; then
+  echo "== pytest -m gpu"
+  timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest_gpu.log" | tail -n 25
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
+
+if [ -z "${SKIP_HARNESS:-}" ]; then
+  # Every routine at every committed definition's workloads, each backend checked first.
+  echo "== benchmarks: python -m benchmarks run all (eager)"
+  python3 -m benchmarks run all --output "$OUT/results.jsonl" >"$OUT/bench.log" 2>&1 || status=1
+  tail -n 12 "$OUT/bench.log"
+  files=("$OUT/results.jsonl")
+  if [ -z "${SKIP_GRAPH_BENCH:-}" ]; then
+    echo "== benchmarks: python -m benchmarks run all --cuda-graph"
+    python3 -m benchmarks run all --cuda-graph --output "$OUT/results_graph.jsonl" >"$OUT/bench_graph.log" 2>&1 || status=1
+    tail -n 12 "$OUT/bench_graph.log"
+    files+=("$OUT/results_graph.jsonl")
+  fi
+  python3 -m benchmarks table --markdown "${files[@]}" >"$OUT/results.md" 2>&1 || status=1
+  python3 -m benchmarks plot "${files[@]}" -o "$OUT/results.png" 2>&1 | tail -n 2
+fi
+
+# Interim, until decode has its harness routine (docs/benchmarks.md shows how it plugs in).
+echo "== benchmarks: bench_decode.py (interim)"
 python3 benchmarks/bench_decode.py --out "$OUT/decode_h200.json" 2>&1 | tee "$OUT/bench_decode.log" | tail -n 45
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 exit $status

@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 
 from . import _dtypes, _jit
+from .trace import norm as norm_traces
+from .trace import traced
 
 LABEL = "//ops:norm"
 
@@ -94,6 +96,7 @@ def _fused_add_rmsnorm(input, residual, weight, eps, weight_offset):
         _fused_add_rmsnorm_impl(input, residual, weight, eps, weight_offset)
 
 
+@traced(norm_traces.RMSNORM)
 def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
             out: torch.Tensor | None = None) -> torch.Tensor:
     """Root-mean-square normalisation over the last dimension.
@@ -112,6 +115,7 @@ def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     return _rmsnorm(input, weight, eps, out, 0.0)
 
 
+@traced(norm_traces.FUSED_ADD_RMSNORM)
 def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                       eps: float = 1e-6) -> None:
     """In place: ``residual += input``, then ``input = rmsnorm(residual, weight, eps)``.
@@ -121,12 +125,14 @@ def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch
     _fused_add_rmsnorm(input, residual, weight, eps, 0.0)
 
 
+@traced(norm_traces.GEMMA_RMSNORM)
 def gemma_rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                   out: torch.Tensor | None = None) -> torch.Tensor:
     """Gemma's RMSNorm: ``input / sqrt(mean(input ** 2) + eps) * (1 + weight)``."""
     return _rmsnorm(input, weight, eps, out, 1.0)
 
 
+@traced(norm_traces.GEMMA_FUSED_ADD_RMSNORM)
 def gemma_fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                             eps: float = 1e-6) -> None:
     """In place: ``residual += input``, then ``input = gemma_rmsnorm(residual, weight, eps)``."""

@@ -1,0 +1,23 @@
+"""Every benchmark routine, registered here and nowhere else. Adding an op to the harness is
+adding its Routine (and its API's trace template), never a new script."""
+
+from __future__ import annotations
+
+from ..routine import Routine
+from . import norm
+
+ROUTINES: dict[str, Routine] = {
+    r.name: r
+    for r in (
+        norm.RMSNORM,
+        norm.FUSED_ADD_RMSNORM,
+        norm.GEMMA_RMSNORM,
+        norm.GEMMA_FUSED_ADD_RMSNORM,
+    )
+}
+
+
+def routine(name: str) -> Routine:
+    if name not in ROUTINES:
+        raise KeyError(f"no routine named {name!r}; routines: {', '.join(ROUTINES)} (or 'all')")
+    return ROUTINES[name]
