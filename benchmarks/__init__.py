@@ -20,7 +20,5 @@ environment.py  device, software and git facts recorded with every result
 results.py      the record format, JSON lines in and out (and the interim bench_norm format)
 table.py, plot.py, readme.py   renderings of results
 compile_time.py cold compile / warm load of a module (a script, run by scripts/gpu_round.sh)
-bench_decode.py, interim.py    the interim decode benchmark and the helpers it needs, until decode
-                               has its routine here
 docs/benchmarks.md explains the fields and how to add a routine.
 """

@@ -49,8 +49,13 @@ if [ -z "${SKIP_HARNESS:-}" ]; then
   tail -n 12 "$OUT/bench.log"
   files=("$OUT/results.jsonl")
   if [ -z "${SKIP_GRAPH_BENCH:-}" ]; then
-    echo "== benchmarks: python -m benchmarks run all --cuda-graph"
-    python3 -m benchmarks run all --cuda-graph --output "$OUT/results_graph.jsonl" >"$OUT/bench_graph.log" 2>&1 || status=1
+    # GRAPH_ROUTINES (default all): the routines worth replaying in CUDA graphs this round.
+    echo "== benchmarks: python -m benchmarks run ${GRAPH_ROUTINES:-all} --cuda-graph"
+    : >"$OUT/results_graph.jsonl"
+    for r in ${GRAPH_ROUTINES:-all}; do
+      python3 -m benchmarks run "$r" --cuda-graph --output "$OUT/graph_$r.jsonl" >>"$OUT/bench_graph.log" 2>&1 || status=1
+      cat "$OUT/graph_$r.jsonl" >>"$OUT/results_graph.jsonl" 2>/dev/null; rm -f "$OUT/graph_$r.jsonl"
+    done
     tail -n 12 "$OUT/bench_graph.log"
     files+=("$OUT/results_graph.jsonl")
   fi
@@ -58,8 +63,4 @@ if [ -z "${SKIP_HARNESS:-}" ]; then
   python3 -m benchmarks plot "${files[@]}" -o "$OUT/results.png" 2>&1 | tail -n 2
 fi
 
-# Interim, until decode has its harness routine (docs/benchmarks.md shows how it plugs in).
-echo "== benchmarks: bench_decode.py (interim)"
-python3 benchmarks/bench_decode.py --out "$OUT/decode_h200.json" 2>&1 | tee "$OUT/bench_decode.log" | tail -n 45
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 exit $status

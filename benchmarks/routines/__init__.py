@@ -4,7 +4,7 @@ adding its Routine (and its API's trace template), never a new script."""
 from __future__ import annotations
 
 from ..routine import Routine
-from . import norm
+from . import attention, norm
 
 ROUTINES: dict[str, Routine] = {
     r.name: r
@@ -13,6 +13,13 @@ ROUTINES: dict[str, Routine] = {
         norm.FUSED_ADD_RMSNORM,
         norm.GEMMA_RMSNORM,
         norm.GEMMA_FUSED_ADD_RMSNORM,
+        attention.BATCH_DECODE,
+        attention.SINGLE_DECODE,
+        attention.MERGE_STATE,
+        attention.MERGE_STATE_IN_PLACE,
+        attention.MERGE_STATES,
+        attention.APPEND_PAGED_KV_CACHE,
+        attention.GET_BATCH_INDICES_POSITIONS,
     )
 }
 

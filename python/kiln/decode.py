@@ -36,6 +36,8 @@ from kiln.runtime import env
 
 from . import _attention, _jit
 from ._decode_schedule import schedule
+from .trace import attention as attention_traces
+from .trace import traced
 
 API = "BatchDecodeWithPagedKVCacheWrapper"
 # Resident decode CTAs per SM (4 warps, ~166 registers, 96 KB of shared memory at head_dim 128,
@@ -274,6 +276,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         return dict(request=views[0], begin=views[1], end=views[2], out_index=views[3],
                     merge_request=dev[base:base + merge_cap], merge_indptr=dev[base + merge_cap:])
 
+    @traced(attention_traces.BATCH_DECODE)
     def run(self, q: torch.Tensor, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None,
             out: torch.Tensor | None = None, lse: torch.Tensor | None = None, return_lse: bool = False,
             enable_pdl=None, window_left: int | None = None):
@@ -337,6 +340,7 @@ def _heads_per_cta(group_size: int) -> int:
 _single_workspaces: dict[torch.device, torch.Tensor] = {}
 
 
+@traced(attention_traces.SINGLE_DECODE)
 def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layout: str = "NHD",
                                 pos_encoding_mode: str = "NONE", use_tensor_cores: bool = False,
                                 q_scale=None, k_scale=None, v_scale=None, window_left: int = -1,

@@ -32,15 +32,7 @@ def public_apis():
 # Public APIs that landed (Attention I) while the harness was built, before they could carry a
 # trace template: each is owed one (issue 5, R3.14). Shrink this set, never grow it; the test
 # below fails when an API listed here gains a template, so the list cannot go stale.
-AWAITING_TEMPLATES = {
-    "kiln.BatchDecodeWithPagedKVCacheWrapper.run",
-    "kiln.single_decode_with_kv_cache",
-    "kiln.merge_state",
-    "kiln.merge_state_in_place",
-    "kiln.merge_states",
-    "kiln.append_paged_kv_cache",
-    "kiln.get_batch_indices_positions",
-}
+AWAITING_TEMPLATES: set[str] = set()
 
 
 @pytest.mark.parametrize("name,fn", list(public_apis()), ids=lambda v: v if isinstance(v, str) else "")
@@ -215,18 +207,30 @@ def test_reference_produces_the_declared_outputs(name):
             assert out[oname].isfinite().all()
 
 
+# The axes that count requests or tokens, and the sizes the examples must reach (R3.16: decode
+# batches 1-256, prefill 1k-8k tokens). Decode-only ops (paged decode) have no prefill examples.
+BATCH_AXES = ("tokens", "batch_size", "seq_len")
+TOKEN_AXES = ("tokens", "seq_len", "nnz", "append_len")
+DECODE_ONLY = {"batch_decode", "single_decode"}
+
+
 @pytest.mark.parametrize("name", APIS)
 def test_examples_are_realistic_model_shapes(name):
-    """R3.16: every template has decode and prefill examples of named models, with the decode
-    batches reaching 256 and the prefill tokens 8k."""
+    """R3.16: named models with sources; decode examples reach a batch of 256 where the op has a
+    batch axis, prefill examples 8k tokens."""
     t = APIS[name].template
     phases = {ex.phase for ex in t.examples}
-    assert {"decode", "prefill"} <= phases
+    assert "decode" in phases
+    if name not in DECODE_ONLY:
+        assert "prefill" in phases, f"{name}: add prefill examples"
     for ex in t.examples:
         assert ex.model and ex.source, f"{ex.name}: name the model and where its numbers come from"
-        tokens = [w["tokens"] for w in ex.workloads]
-        assert max(tokens) == (256 if ex.phase == "decode" else 8192)
-        assert math.prod(t.resolve_axes(ex.consts, ex.workloads[-1]).values()) > 0
+        axes = [t.resolve_axes(ex.consts, w) for w in ex.workloads]
+        assert all(math.prod(a.values()) > 0 for a in axes)
+        wanted = (BATCH_AXES, 256) if ex.phase == "decode" else (TOKEN_AXES, 8192)
+        present = [n for n in wanted[0] if n in t.axes]
+        if present:
+            assert max(a[n] for a in axes for n in present) >= wanted[1], (ex.name, present)
 
 
 def test_committed_definitions_match_the_templates():
