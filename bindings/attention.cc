@@ -5,6 +5,8 @@
 //   decode(q, k_cache, v_cache, kv_layout, page_indptr, page_indices, work_request,
 //          work_token_begin, work_token_end, work_out_index, merge_request, merge_indptr,
 //          out, lse, partial_out, partial_lse, sm_scale, soft_cap, stream)
+//   prefill(q, k_cache, v_cache, kv_layout, qo_indptr, kv_indptr, kv_indices, kv_len,
+//           work_request, work_q_start, out, lse, sm_scale, soft_cap, causal, window_left, stream)
 //   merge_states(v, s, out, out_lse, stream)                     v [n, states, heads, dim]
 //   merge_two(a, a_lse, b, b_lse, mask, out, out_lse, stream)    a, b, out [n, heads, dim]
 //   append_paged_kv(key, value, batch_indices, positions, k_cache, v_cache, kv_layout,
@@ -200,6 +202,68 @@ void decode(py::handle q_obj, py::handle k_obj, py::handle v_obj, int layout, py
   raise_if_failed(s);
 }
 
+void prefill(py::handle q_obj, py::handle k_obj, py::handle v_obj, int layout, py::handle qo_indptr_obj,
+             py::handle indptr_obj, py::handle indices_obj, py::handle kv_len_obj, py::handle work_request,
+             py::handle work_q_start, py::handle out_obj, py::handle lse_obj, double sm_scale, double soft_cap,
+             bool causal, int window_left, uintptr_t stream) {
+  const TensorView q = elem_view(q_obj, "q", 3, nullptr);
+  const TensorView qo_indptr = index_view(qo_indptr_obj, "qo_indptr", q);
+  const TensorView indptr = index_view(indptr_obj, "kv_indptr", q);
+  const TensorView indices = index_view(indices_obj, "kv_indices", q);
+  const TensorView kv_len = index_view(kv_len_obj, "kv_len", q);
+  const Cache cache = paged_cache(k_obj, v_obj, layout, indptr, indices, q);
+  const int64_t batch = kv_len.size(0), num_qo_heads = q.size(1);
+  if (qo_indptr.size(0) != batch + 1 || indptr.size(0) < batch + 1) {
+    value_error("qo_indptr must have " + std::to_string(batch + 1) + " entries and kv_indptr at least that many");
+  }
+  if (cache.num_kv_heads < 1 || num_qo_heads % cache.num_kv_heads != 0) {
+    value_error("q has " + std::to_string(num_qo_heads) + " heads, which is not a multiple of the cache's " +
+                std::to_string(cache.num_kv_heads) + " kv heads");
+  }
+  const TensorView wr = index_view(work_request, "work_request", q);
+  const TensorView wq = index_view(work_q_start, "work_q_start", q);
+  kb::check_same_shape(wq, wr);
+  TensorView out = elem_view(out_obj, "out", 3, &q);
+  kb::check_same_shape(out, q);
+  kiln::attention::PrefillParams p{};
+  if (!lse_obj.is_none()) {
+    const TensorView lse = float_view(lse_obj, "lse", 2, q);
+    if (lse.size(0) != q.size(0) || lse.size(1) != num_qo_heads || lse.stride(1) != 1) {
+      value_error("lse must be a [" + std::to_string(q.size(0)) + ", " + std::to_string(num_qo_heads) +
+                  "] float32 tensor with contiguous rows, got shape " + lse.shape_str());
+    }
+    p.lse = static_cast<float*>(lse.data);
+    p.lse_stride_n = lse.stride(0);
+  }
+  if (!(sm_scale > 0) || !std::isfinite(sm_scale)) value_error("sm_scale must be finite and > 0");
+  if (kiln::spec::soft_cap && !(soft_cap > 0))
+    value_error("this module applies a logits soft-cap: soft_cap must be > 0");
+  p.q = q.data;
+  p.q_stride_n = q.stride(0);
+  p.q_stride_h = q.stride(1);
+  p.qo_indptr = ptr<int32_t>(qo_indptr);
+  p.kv_len = ptr<int32_t>(kv_len);
+  p.kv = cache.kv;
+  p.num_qo_heads = num_qo_heads;
+  p.num_kv_heads = cache.num_kv_heads;
+  p.work_request = ptr<int32_t>(wr);
+  p.work_q_start = ptr<int32_t>(wq);
+  p.work_capacity = wr.size(0);
+  p.out = out.data;
+  p.out_stride_n = out.stride(0);
+  p.out_stride_h = out.stride(1);
+  p.sm_scale = static_cast<float>(sm_scale);
+  p.soft_cap = static_cast<float>(soft_cap);
+  p.causal = causal;
+  p.window_left = window_left;
+  kiln::Status s;
+  {
+    py::gil_scoped_release no_gil;
+    s = kiln::attention::prefill(p, context(q, stream));
+  }
+  raise_if_failed(s);
+}
+
 void merge_states(py::handle v_obj, py::handle s_obj, py::handle out_obj, py::handle out_lse_obj, uintptr_t stream) {
   const TensorView v = elem_view(v_obj, "v", 4, nullptr);
   const TensorView s = float_view(s_obj, "s", 3, v);
@@ -332,6 +396,10 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
         py::arg("work_token_end"), py::arg("work_out_index"), py::arg("merge_request"), py::arg("merge_indptr"),
         py::arg("out"), py::arg("lse"), py::arg("partial_out"), py::arg("partial_lse"), py::arg("sm_scale"),
         py::arg("soft_cap"), py::arg("stream") = 0);
+  m.def("prefill", &prefill, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("kv_layout"),
+        py::arg("qo_indptr"), py::arg("kv_indptr"), py::arg("kv_indices"), py::arg("kv_len"), py::arg("work_request"),
+        py::arg("work_q_start"), py::arg("out"), py::arg("lse"), py::arg("sm_scale"), py::arg("soft_cap"),
+        py::arg("causal"), py::arg("window_left"), py::arg("stream") = 0);
   m.def("merge_states", &merge_states, py::arg("v"), py::arg("s"), py::arg("out"), py::arg("out_lse"),
         py::arg("stream") = 0);
   m.def("merge_two", &merge_two, py::arg("v_a"), py::arg("s_a"), py::arg("v_b"), py::arg("s_b"), py::arg("mask"),

@@ -20,6 +20,9 @@ ROUTINES: dict[str, Routine] = {
         attention.MERGE_STATES,
         attention.APPEND_PAGED_KV_CACHE,
         attention.GET_BATCH_INDICES_POSITIONS,
+        attention.BATCH_PREFILL,
+        attention.BATCH_PREFILL_RAGGED,
+        attention.SINGLE_PREFILL,
     )
 }
 

@@ -38,8 +38,15 @@ def _workspace(ctx):
 
 
 def _plan_args(inp):
-    return (inp["indptr"], inp["indices"], inp["last_page_len"], inp["num_qo_heads"], inp["num_kv_heads"],
-            inp["head_dim"], inp["page_size"])
+    return (
+        inp["indptr"],
+        inp["indices"],
+        inp["last_page_len"],
+        inp["num_qo_heads"],
+        inp["num_kv_heads"],
+        inp["head_dim"],
+        inp["page_size"],
+    )
 
 
 # --- batch decode --------------------------------------------------------------------------------
@@ -91,9 +98,11 @@ def batch_decode_bytes(axes, dtype):
 
 def decode_flops(batch_axis: str | None):
     """QK and PV: 4 x query heads x kv_len x head_dim per request."""
+
     def count(axes, dtype):
         b = axes[batch_axis] if batch_axis else 1
         return 4 * b * axes["num_qo_heads"] * axes["kv_len"] * axes["head_dim"]
+
     return count
 
 
@@ -102,10 +111,18 @@ BATCH_DECODE = Routine(
     backends=(
         Backend("kiln", kiln_batch_decode, version=kiln_version),
         Backend("torch_sdpa", torch_sdpa_batch_decode, version=torch_version),
-        Backend("flashinfer", flashinfer_batch_decode(False), available=flashinfer_available,
-                version=flashinfer_version),
-        Backend("flashinfer_tc", flashinfer_batch_decode(True), available=flashinfer_available,
-                version=flashinfer_version),
+        Backend(
+            "flashinfer",
+            flashinfer_batch_decode(False),
+            available=flashinfer_available,
+            version=flashinfer_version,
+        ),
+        Backend(
+            "flashinfer_tc",
+            flashinfer_batch_decode(True),
+            available=flashinfer_available,
+            version=flashinfer_version,
+        ),
     ),
     bytes_per_call=batch_decode_bytes,
     flops_per_call=decode_flops("batch_size"),
@@ -137,11 +154,15 @@ SINGLE_DECODE = Routine(
     backends=(
         Backend("kiln", kiln_single_decode, version=kiln_version),
         Backend("torch_sdpa", torch_sdpa_single_decode, version=torch_version),
-        Backend("flashinfer", flashinfer_single_decode, available=flashinfer_available,
-                version=flashinfer_version),
+        Backend(
+            "flashinfer", flashinfer_single_decode, available=flashinfer_available, version=flashinfer_version
+        ),
     ),
-    bytes_per_call=lambda axes, dtype: torch_dtype(dtype).itemsize * axes["head_dim"] * (
-        2 * axes["kv_len"] * axes["num_kv_heads"] + 2 * axes["num_qo_heads"]),
+    bytes_per_call=lambda axes, dtype: (
+        torch_dtype(dtype).itemsize
+        * axes["head_dim"]
+        * (2 * axes["kv_len"] * axes["num_kv_heads"] + 2 * axes["num_qo_heads"])
+    ),
     flops_per_call=decode_flops(None),
 )
 
@@ -151,8 +172,10 @@ SINGLE_DECODE = Routine(
 def torch_merge(v_a, s_a, v_b, s_b):
     """The merge in plain torch (what a user writes without a kernel), in float32."""
     s = torch.logaddexp(s_a * math.log(2), s_b * math.log(2))
-    v = (torch.exp(s_a * math.log(2) - s)[..., None] * v_a.float()
-         + torch.exp(s_b * math.log(2) - s)[..., None] * v_b.float())
+    v = (
+        torch.exp(s_a * math.log(2) - s)[..., None] * v_a.float()
+        + torch.exp(s_b * math.log(2) - s)[..., None] * v_b.float()
+    )
     return v.to(v_a.dtype), s / math.log(2)
 
 
@@ -220,30 +243,43 @@ def state_bytes(states: int | str):
         n = axes[states] if isinstance(states, str) else states
         rows = axes["seq_len"] * axes["num_heads"]
         return rows * ((n + 1) * (axes["head_dim"] * torch_dtype(dtype).itemsize + 4))
+
     return count
 
 
 MERGE_STATE = Routine(
     api=kiln.merge_state,
-    backends=(Backend("kiln", kiln_merge_state, version=kiln_version),
-              Backend("torch", torch_merge_state, version=torch_version),
-              Backend("flashinfer", flashinfer_merge_state, available=flashinfer_available,
-                      version=flashinfer_version)),
+    backends=(
+        Backend("kiln", kiln_merge_state, version=kiln_version),
+        Backend("torch", torch_merge_state, version=torch_version),
+        Backend(
+            "flashinfer", flashinfer_merge_state, available=flashinfer_available, version=flashinfer_version
+        ),
+    ),
     bytes_per_call=state_bytes(2),
 )
 MERGE_STATE_IN_PLACE = Routine(
     api=kiln.merge_state_in_place,
-    backends=(Backend("kiln", kiln_merge_in_place, version=kiln_version),
-              Backend("flashinfer", flashinfer_merge_in_place, available=flashinfer_available,
-                      version=flashinfer_version)),
+    backends=(
+        Backend("kiln", kiln_merge_in_place, version=kiln_version),
+        Backend(
+            "flashinfer",
+            flashinfer_merge_in_place,
+            available=flashinfer_available,
+            version=flashinfer_version,
+        ),
+    ),
     bytes_per_call=state_bytes(2),
 )
 MERGE_STATES = Routine(
     api=kiln.merge_states,
-    backends=(Backend("kiln", kiln_merge_states, version=kiln_version),
-              Backend("torch", torch_merge_states, version=torch_version),
-              Backend("flashinfer", flashinfer_merge_states, available=flashinfer_available,
-                      version=flashinfer_version)),
+    backends=(
+        Backend("kiln", kiln_merge_states, version=kiln_version),
+        Backend("torch", torch_merge_states, version=torch_version),
+        Backend(
+            "flashinfer", flashinfer_merge_states, available=flashinfer_available, version=flashinfer_version
+        ),
+    ),
     bytes_per_call=state_bytes("num_states"),
 )
 
@@ -251,8 +287,16 @@ MERGE_STATES = Routine(
 
 
 def kiln_append(inp, ctx):
-    names = ("append_key", "append_value", "batch_indices", "positions", "paged_kv_cache", "kv_indices",
-             "kv_indptr", "kv_last_page_len")
+    names = (
+        "append_key",
+        "append_value",
+        "batch_indices",
+        "positions",
+        "paged_kv_cache",
+        "kv_indices",
+        "kv_indptr",
+        "kv_last_page_len",
+    )
     args = [inp[n] for n in names]
 
     def run():
@@ -280,8 +324,16 @@ def torch_append(inp, ctx):
 
 def flashinfer_append(inp, ctx):
     fi = _flashinfer()[0]
-    names = ("append_key", "append_value", "batch_indices", "positions", "paged_kv_cache", "kv_indices",
-             "kv_indptr", "kv_last_page_len")
+    names = (
+        "append_key",
+        "append_value",
+        "batch_indices",
+        "positions",
+        "paged_kv_cache",
+        "kv_indices",
+        "kv_indptr",
+        "kv_last_page_len",
+    )
     args = [inp[n] for n in names]
 
     def run():
@@ -299,10 +351,11 @@ def append_bytes(axes, dtype):
 
 APPEND_PAGED_KV_CACHE = Routine(
     api=kiln.append_paged_kv_cache,
-    backends=(Backend("kiln", kiln_append, version=kiln_version),
-              Backend("torch", torch_append, version=torch_version),
-              Backend("flashinfer", flashinfer_append, available=flashinfer_available,
-                      version=flashinfer_version)),
+    backends=(
+        Backend("kiln", kiln_append, version=kiln_version),
+        Backend("torch", torch_append, version=torch_version),
+        Backend("flashinfer", flashinfer_append, available=flashinfer_available, version=flashinfer_version),
+    ),
     bytes_per_call=append_bytes,
     max_sets=4,
 )
@@ -321,9 +374,193 @@ def flashinfer_batch_indices_positions(inp, ctx):
 
 GET_BATCH_INDICES_POSITIONS = Routine(
     api=kiln.get_batch_indices_positions,
-    backends=(Backend("kiln", kiln_batch_indices_positions, version=kiln_version),
-              Backend("flashinfer", flashinfer_batch_indices_positions,
-                      available=lambda device, dtype: cuda_only(device) or _flashinfer()[1],
-                      version=flashinfer_version)),
+    backends=(
+        Backend("kiln", kiln_batch_indices_positions, version=kiln_version),
+        Backend(
+            "flashinfer",
+            flashinfer_batch_indices_positions,
+            available=lambda device, dtype: cuda_only(device) or _flashinfer()[1],
+            version=flashinfer_version,
+        ),
+    ),
     bytes_per_call=lambda axes, dtype: 4 * (2 * axes["batch_size"] + 1 + 2 * axes["nnz"]),
+)
+
+# --- prefill -----------------------------------------------------------------------------------------
+
+
+def prefill_flops(axes, dtype):
+    """4 x queries x keys x heads x head_dim, halved for the causal square (qo_len = kv_len)."""
+    b = axes.get("batch_size", 1)
+    n = axes["qo_len"]
+    return 4 * b * n * n * axes["num_qo_heads"] * axes["head_dim"] // 2
+
+
+def kiln_batch_prefill(inp, ctx):
+    w = kiln.BatchPrefillWithPagedKVCacheWrapper(_workspace(ctx), "NHD")
+    w.plan(
+        inp["qo_indptr"],
+        inp["paged_kv_indptr"],
+        inp["paged_kv_indices"],
+        inp["paged_kv_last_page_len"],
+        inp["num_qo_heads"],
+        inp["num_kv_heads"],
+        inp["head_dim_qk"],
+        inp["page_size"],
+        causal=inp["causal"],
+        q_data_type=inp["q"].dtype,
+    )
+    q, cache = inp["q"], inp["paged_kv_cache"]
+    return lambda: w.run(q, cache)
+
+
+def flashinfer_batch_prefill(inp, ctx):
+    fi = _flashinfer()[0]
+    w = fi.BatchPrefillWithPagedKVCacheWrapper(_workspace(ctx), "NHD")
+    w.plan(
+        inp["qo_indptr"],
+        inp["paged_kv_indptr"],
+        inp["paged_kv_indices"],
+        inp["paged_kv_last_page_len"],
+        inp["num_qo_heads"],
+        inp["num_kv_heads"],
+        inp["head_dim_qk"],
+        inp["page_size"],
+        causal=inp["causal"],
+        q_data_type=inp["q"].dtype,
+        kv_data_type=inp["q"].dtype,
+    )
+    q, cache = inp["q"], inp["paged_kv_cache"]
+    return lambda: w.run(q, cache)
+
+
+def torch_sdpa_batch_prefill(inp, ctx):
+    """Equal-length requests as one [batch, heads, len, head_dim] SDPA call on contiguous K/V."""
+    qo = inp["qo_indptr"]
+    b, n = qo.numel() - 1, int(qo[1] - qo[0]) if qo.numel() > 1 else 0
+    cache, pages = inp["paged_kv_cache"], inp["paged_kv_indices"].long().view(b, -1)
+    k = cache[pages, 0].flatten(1, 2)[:, :n].transpose(1, 2).contiguous()
+    v = cache[pages, 1].flatten(1, 2)[:, :n].transpose(1, 2).contiguous()
+    q = inp["q"].view(b, n, *inp["q"].shape[1:]).transpose(1, 2).contiguous()
+    causal = inp["causal"]
+    return lambda: (
+        F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        .transpose(1, 2)
+        .reshape(inp["q"].shape)
+    )
+
+
+BATCH_PREFILL = Routine(
+    api=kiln.BatchPrefillWithPagedKVCacheWrapper.run,
+    backends=(
+        Backend("kiln", kiln_batch_prefill, version=kiln_version),
+        Backend("torch_sdpa", torch_sdpa_batch_prefill, version=torch_version),
+        Backend(
+            "flashinfer", flashinfer_batch_prefill, available=flashinfer_available, version=flashinfer_version
+        ),
+    ),
+    flops_per_call=prefill_flops,
+    max_sets=4,
+)
+
+
+def kiln_ragged_prefill(inp, ctx):
+    w = kiln.BatchPrefillWithRaggedKVCacheWrapper(_workspace(ctx), "NHD")
+    w.plan(
+        inp["qo_indptr"],
+        inp["kv_indptr"],
+        inp["num_qo_heads"],
+        inp["num_kv_heads"],
+        inp["head_dim_qk"],
+        causal=inp["causal"],
+        q_data_type=inp["q"].dtype,
+    )
+    q, k, v = inp["q"], inp["k"], inp["v"]
+    return lambda: w.run(q, k, v)
+
+
+def flashinfer_ragged_prefill(inp, ctx):
+    fi = _flashinfer()[0]
+    w = fi.BatchPrefillWithRaggedKVCacheWrapper(_workspace(ctx), "NHD")
+    w.plan(
+        inp["qo_indptr"],
+        inp["kv_indptr"],
+        inp["num_qo_heads"],
+        inp["num_kv_heads"],
+        inp["head_dim_qk"],
+        causal=inp["causal"],
+        q_data_type=inp["q"].dtype,
+        kv_data_type=inp["q"].dtype,
+    )
+    q, k, v = inp["q"], inp["k"], inp["v"]
+    return lambda: w.run(q, k, v)
+
+
+BATCH_PREFILL_RAGGED = Routine(
+    api=kiln.BatchPrefillWithRaggedKVCacheWrapper.run,
+    backends=(
+        Backend("kiln", kiln_ragged_prefill, version=kiln_version),
+        Backend(
+            "flashinfer",
+            flashinfer_ragged_prefill,
+            available=flashinfer_available,
+            version=flashinfer_version,
+        ),
+    ),
+    flops_per_call=prefill_flops,
+    max_sets=4,
+)
+
+
+def kiln_single_prefill(inp, ctx):
+    q, k, v, causal = inp["q"], inp["k"], inp["v"], inp["causal"]
+    return lambda: kiln.single_prefill_with_kv_cache(q, k, v, causal=causal)
+
+
+def torch_sdpa_single_prefill(inp, ctx):
+    q = inp["q"].transpose(0, 1).unsqueeze(0).contiguous()
+    k = inp["k"].transpose(0, 1).unsqueeze(0).contiguous()
+    v = inp["v"].transpose(0, 1).unsqueeze(0).contiguous()
+    causal = inp["causal"]
+    return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)[0].transpose(
+        0, 1
+    )
+
+
+def flashinfer_single_prefill(backend: str):
+    def setup(inp, ctx):
+        fi = _flashinfer()[0]
+        q, k, v, causal = inp["q"], inp["k"], inp["v"], inp["causal"]
+        return lambda: fi.single_prefill_with_kv_cache(q, k, v, causal=causal, backend=backend)
+
+    return setup
+
+
+def fa3_available(device, dtype):
+    reason = flashinfer_available(device, dtype)
+    if reason is None and torch.cuda.get_device_capability(device)[0] != 9:
+        return "FlashInfer's fa3 backend needs sm90"
+    return reason
+
+
+SINGLE_PREFILL = Routine(
+    api=kiln.single_prefill_with_kv_cache,
+    backends=(
+        Backend("kiln", kiln_single_prefill, version=kiln_version),
+        Backend("torch_sdpa", torch_sdpa_single_prefill, version=torch_version),
+        Backend(
+            "flashinfer_fa2",
+            flashinfer_single_prefill("fa2"),
+            available=flashinfer_available,
+            version=flashinfer_version,
+        ),
+        Backend(
+            "flashinfer_fa3",
+            flashinfer_single_prefill("fa3"),
+            available=fa3_available,
+            version=flashinfer_version,
+        ),
+    ),
+    flops_per_call=prefill_flops,
+    max_sets=4,
 )

@@ -58,6 +58,35 @@ struct DecodeParams {
   float soft_cap;  // used only by soft-cap specialisations
 };
 
+// Prefill: every query token of a request attends to the request's keys. Query i of a request
+// with qo_len queries and kv_len keys sits at position i + kv_len - qo_len, so with `causal` it
+// sees keys j <= i + kv_len - qo_len (the mask aligned to the end), and with window_left >= 0 only
+// keys j >= i + kv_len - qo_len - window_left. Queries are packed: request b's are rows
+// qo_indptr[b] .. qo_indptr[b+1] of q/out/lse. Ragged (contiguous per request) KV is the paged
+// case with page_size 1 and identity page indices. A work item is (request, first query of a
+// 64-query tile); the kernel's grid is work items x query heads.
+constexpr int kPrefillQueriesPerItem = 64;  // queries per prefill work item (the plan's tile)
+
+struct PrefillParams {
+  const void* q;  // [total_q, num_qo_heads, head_dim]
+  int64_t q_stride_n, q_stride_h;
+  const int32_t* qo_indptr;  // [batch + 1]
+  const int32_t* kv_len;     // [batch]
+  PagedKV kv;
+  int64_t num_qo_heads, num_kv_heads;
+  const int32_t* work_request;  // [capacity]; < 0: padding
+  const int32_t* work_q_start;  // [capacity]
+  int64_t work_capacity;
+  void* out;  // [total_q, num_qo_heads, head_dim]
+  int64_t out_stride_n, out_stride_h;
+  float* lse;  // [total_q, num_qo_heads] or null
+  int64_t lse_stride_n;
+  float sm_scale;
+  float soft_cap;
+  bool causal;
+  int32_t window_left;  // < 0: no window
+};
+
 struct MergeParams {
   const void* v;  // states, element type: float (decode partials) or the module's dtype
   const float* s;
@@ -100,6 +129,7 @@ struct AppendParams {
 
 // Implemented once per backend for the module's dtype, head_dim and soft-cap flag.
 Status decode(const DecodeParams& p, LaunchContext ctx);
+Status prefill(const PrefillParams& p, LaunchContext ctx);
 Status merge_states(const MergeParams& p, LaunchContext ctx);  // v of the module's dtype
 Status merge_two(const MergeTwoParams& p, LaunchContext ctx);
 Status append_paged_kv(const AppendParams& p, LaunchContext ctx);

@@ -3,6 +3,7 @@
 #include "ops/attention/decode.cuh"
 #include "ops/attention/merge.cuh"
 #include "ops/attention/page.cuh"
+#include "ops/attention/prefill.cuh"
 #include "spec_config.h"
 
 namespace kiln::attention {
@@ -12,6 +13,10 @@ constexpr int kHeadDim = static_cast<int>(spec::head_dim);
 
 Status decode(const DecodeParams& p, LaunchContext ctx) {
   return launch_decode<T, kHeadDim, spec::soft_cap>(p, ctx);
+}
+
+Status prefill(const PrefillParams& p, LaunchContext ctx) {
+  return launch_prefill<T, kHeadDim, spec::soft_cap>(p, ctx);
 }
 
 Status merge_states(const MergeParams& p, LaunchContext ctx) {

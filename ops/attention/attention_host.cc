@@ -12,6 +12,10 @@ Status decode(const DecodeParams& p, LaunchContext) {
   return host::decode<T, kHeadDim, spec::soft_cap>(p);
 }
 
+Status prefill(const PrefillParams& p, LaunchContext) {
+  return host::prefill<T, kHeadDim, spec::soft_cap>(p);
+}
+
 Status merge_states(const MergeParams& p, LaunchContext) {
   host::merge<T, T, kHeadDim>(p);
   return Status::Ok();

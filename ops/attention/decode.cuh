@@ -271,17 +271,6 @@ inline int heads_per_cta(int64_t group_size) {
   return 1;
 }
 
-// Raise the kernel's dynamic shared-memory limit once per device when it needs more than 48 KB.
-template <typename Kernel>
-cudaError_t allow_smem(Kernel kernel, size_t bytes, int device) {
-  constexpr int kMaxDevices = 64;
-  static bool done[kMaxDevices] = {};
-  if (bytes <= 48 * 1024 || device < 0 || device >= kMaxDevices || done[device]) return cudaSuccess;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-  done[device] = err == cudaSuccess;
-  return err;
-}
-
 template <typename T, int HEAD_DIM, bool SOFTCAP>
 Status launch_decode(const DecodeParams& p, LaunchContext ctx) {
   if (p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) {
@@ -298,8 +287,8 @@ Status launch_decode(const DecodeParams& p, LaunchContext ctx) {
   const dim3 grid(static_cast<unsigned>(p.work_capacity), static_cast<unsigned>(p.num_kv_heads * (group_size / heads)));
   if (grid.y > 65535) return Status::Error(1, "decode: too many kv heads x head chunks for one launch");
   using S = DecodeShape<T, HEAD_DIM>;
-  auto kernel = decode_paged_kernel<T, HEAD_DIM, SOFTCAP>;
-  Status st = cuda_status(allow_smem(kernel, S::kSmemBytes, device), "decode: raising the shared-memory limit");
+  constexpr auto kernel = decode_paged_kernel<T, HEAD_DIM, SOFTCAP>;
+  Status st = cuda_status(allow_smem<kernel>(S::kSmemBytes, device), "decode: raising the shared-memory limit");
   if (!st.ok()) return st;
   kernel<<<grid, kDecodeThreads, S::kSmemBytes, stream>>>(p, heads);
   st = cuda_status(cudaGetLastError(), "decode kernel launch");
