@@ -23,6 +23,7 @@ schedules 64-query tiles longest-first, and is reused by run() for every layer.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -412,7 +413,47 @@ class BatchPrefillWithRaggedKVCacheWrapper:
     forward = run
 
 
-_workspaces: dict[torch.device, torch.Tensor] = {}
+@functools.lru_cache(maxsize=64)
+def _single_plan(
+    qo_len,
+    kv_len,
+    num_qo_heads,
+    num_kv_heads,
+    head_dim,
+    causal,
+    sm_scale,
+    window_left,
+    logits_soft_cap,
+    q_dtype,
+    kv_dtype,
+    device,
+    pos_encoding_mode,
+):
+    """The plan of a one-request prefill and its one-page table, kept per shape: a repeated call
+    costs no host scheduling and no host-to-device copies."""
+    plan = _PrefillPlan(
+        "single_prefill_with_kv_cache",
+        torch.tensor([0, qo_len]),
+        torch.tensor([kv_len]),
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        causal,
+        sm_scale,
+        window_left,
+        logits_soft_cap,
+        q_dtype,
+        kv_dtype,
+        device,
+        pos_encoding_mode,
+        None,
+    )
+    pages = (
+        torch.tensor([0, 1], dtype=torch.int32, device=device),
+        torch.zeros(1, dtype=torch.int32, device=device),
+    )
+    plan.keep_pages = pages
+    return plan, tuple(_jit.dl(t) for t in pages)
 
 
 @traced(attention_traces.SINGLE_PREFILL)
@@ -445,10 +486,9 @@ def single_prefill_with_kv_cache(
             f"{list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}"
         )
     kv_len, kv_heads = (k.shape[0], k.shape[1]) if kv_layout == "NHD" else (k.shape[1], k.shape[0])
-    plan = _PrefillPlan(
-        api,
-        torch.tensor([0, q.shape[0]]),
-        torch.tensor([kv_len]),
+    plan, pages = _single_plan(
+        q.shape[0],
+        kv_len,
         q.shape[1],
         kv_heads,
         q.shape[2],
@@ -460,16 +500,9 @@ def single_prefill_with_kv_cache(
         k.dtype,
         q.device,
         pos_encoding_mode,
-        None,
-    )
-    pages = (
-        torch.tensor([0, 1], dtype=torch.int32, device=q.device),
-        torch.zeros(1, dtype=torch.int32, device=q.device),
     )
     if kv_len == 0:
         out = torch.zeros_like(q)
         lse = torch.full(q.shape[:2], -math.inf, dtype=torch.float32, device=q.device)
         return (out, lse) if return_lse else out
-    return plan.run(
-        q, k.unsqueeze(0), v.unsqueeze(0), layout, tuple(_jit.dl(t) for t in pages), None, None, return_lse
-    )
+    return plan.run(q, k.unsqueeze(0), v.unsqueeze(0), layout, pages, None, None, return_lse)
