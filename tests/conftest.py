@@ -18,6 +18,9 @@ os.environ["KILN_WORKSPACE_BASE"] = _SESSION_WS
 os.environ.pop("KILN_CUDA_ARCH_LIST", None)
 for knob in ("KILN_DISABLE_JIT", "KILN_NO_CACHE", "KILN_JIT_DEBUG", "KILN_JIT_LINEINFO"):
     os.environ.pop(knob, None)
+# API diagnostics are decided when kiln is imported (after this file): tests start with them off.
+for knob in [k for k in os.environ if k.startswith(("KILN_LOG", "KILN_DUMP"))] + ["KILN_FORCE_BACKEND"]:
+    os.environ.pop(knob, None)
 
 
 def pytest_collection_modifyitems(config, items):

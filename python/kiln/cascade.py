@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import _attention, _jit
+from .api_logging import logged_api
 from .trace import attention as attention_traces
 from .trace import traced
 
@@ -29,6 +30,7 @@ def _mod(v: torch.Tensor, api: str):
     return _attention.module(v.dtype, v.shape[-1], False, v.device, api)
 
 
+@logged_api
 @traced(attention_traces.MERGE_STATE)
 def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor):
     """The state over the union of two disjoint key sets. Returns (v, s)."""
@@ -40,6 +42,7 @@ def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: to
     return out, out_lse
 
 
+@logged_api(mutates=("v", "s"))
 @traced(attention_traces.MERGE_STATE_IN_PLACE)
 def merge_state_in_place(v: torch.Tensor, s: torch.Tensor, v_other: torch.Tensor, s_other: torch.Tensor,
                          mask: torch.Tensor | None = None) -> None:
@@ -50,6 +53,7 @@ def merge_state_in_place(v: torch.Tensor, s: torch.Tensor, v_other: torch.Tensor
                   None if mask is None else _jit.dl(mask), _jit.dl(v), _jit.dl(s), _jit.stream_of(v.device))
 
 
+@logged_api
 @traced(attention_traces.MERGE_STATES)
 def merge_states(v: torch.Tensor, s: torch.Tensor):
     """Merge `states` states per row: v [seq, states, heads, head_dim], s [seq, states, heads].

@@ -36,6 +36,7 @@ from kiln.runtime import env
 
 from . import _attention, _jit
 from ._decode_schedule import schedule
+from .api_logging import logged_api
 from .trace import attention as attention_traces
 from .trace import traced
 
@@ -276,6 +277,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         return dict(request=views[0], begin=views[1], end=views[2], out_index=views[3],
                     merge_request=dev[base:base + merge_cap], merge_indptr=dev[base + merge_cap:])
 
+    @logged_api(mutates=("out", "lse"))
     @traced(attention_traces.BATCH_DECODE)
     def run(self, q: torch.Tensor, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None,
             out: torch.Tensor | None = None, lse: torch.Tensor | None = None, return_lse: bool = False,
@@ -312,6 +314,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             out = torch.empty_like(q)
         if return_lse and lse is None:
             lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+        if _jit.module_observer is not None:  # API logging: the module the plan chose
+            _jit.module_observer(_attention.LABEL, None, q.device, p.module)
         to_dl = _jit.dl
         p.module.decode(to_dl(q), to_dl(k_cache), to_dl(v_cache), self._layout, *p.fixed, to_dl(out),
                         None if lse is None else to_dl(lse), *p.partials, p.sm_scale,
@@ -340,6 +344,7 @@ def _heads_per_cta(group_size: int) -> int:
 _single_workspaces: dict[torch.device, torch.Tensor] = {}
 
 
+@logged_api
 @traced(attention_traces.SINGLE_DECODE)
 def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layout: str = "NHD",
                                 pos_encoding_mode: str = "NONE", use_tensor_cores: bool = False,

@@ -16,10 +16,12 @@ from __future__ import annotations
 import torch
 
 from . import _attention, _jit
+from .api_logging import logged_api
 from .trace import attention as attention_traces
 from .trace import traced
 
 
+@logged_api
 @traced(attention_traces.GET_BATCH_INDICES_POSITIONS)
 def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Tensor, nnz: int):
     """(batch_indices, positions), int32 [nnz], for packed appended tokens (no host sync)."""
@@ -31,6 +33,7 @@ def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Ten
     return batch_indices.to(torch.int32), positions.to(torch.int32)
 
 
+@logged_api(mutates=("paged_kv_cache",))
 @traced(attention_traces.APPEND_PAGED_KV_CACHE)
 def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor, batch_indices: torch.Tensor,
                           positions: torch.Tensor, paged_kv_cache, kv_indices: torch.Tensor,

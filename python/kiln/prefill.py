@@ -29,6 +29,7 @@ import math
 import torch
 
 from . import _attention, _jit
+from .api_logging import logged_api
 from .trace import attention as attention_traces
 from .trace import traced
 
@@ -146,6 +147,8 @@ class _PrefillPlan:
             lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
         qo_indptr, kv_len, request, q_start = self.fixed
         indptr, indices = page_tensors
+        if _jit.module_observer is not None:  # API logging: the module the plan chose
+            _jit.module_observer(_attention.LABEL, None, q.device, self.module)
         self.module.prefill(
             _jit.dl(q),
             _jit.dl(k_cache),
@@ -267,6 +270,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
         self._page_dl = tuple(_jit.dl(t) for t in self._pages)
         self._page_size = page_size
 
+    @logged_api(mutates=("out", "lse"))
     @traced(attention_traces.BATCH_PREFILL)
     def run(
         self,
@@ -382,6 +386,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         )
         self._page_dl = tuple(_jit.dl(t) for t in self._pages)
 
+    @logged_api(mutates=("out", "lse"))
     @traced(attention_traces.BATCH_PREFILL_RAGGED)
     def run(
         self,
@@ -456,6 +461,7 @@ def _single_plan(
     return plan, tuple(_jit.dl(t) for t in pages)
 
 
+@logged_api
 @traced(attention_traces.SINGLE_PREFILL)
 def single_prefill_with_kv_cache(
     q: torch.Tensor,

@@ -1,0 +1,50 @@
+"""`python -m kiln replay`: kiln's diagnostics from the command line.
+
+    python -m kiln replay <dump> [--device D] [--exact]   re-run dumped calls, compare the outputs
+
+The build graph has its own command line: `python -m codegen` (or `python -m kiln.codegen`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def cmd_replay(args) -> int:
+    from .diagnostics import replay
+
+    try:
+        dumps = replay.find_dumps(Path(args.dump))
+    except replay.ReplayError as e:
+        print(f"kiln replay: error: {e}", file=sys.stderr)
+        return replay.UNUSABLE
+    worst = 0
+    for d in dumps:
+        worst = max(worst, replay.replay(d, device=args.device, exact=args.exact))
+    if len(dumps) > 1:
+        print(f"{len(dumps)} dumps replayed; "
+              f"{'all reproduced' if worst == 0 else 'some were not reproduced or could not be replayed'}")
+    return worst
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m kiln", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("replay", help="re-run dumped calls (KILN_DUMP) and compare their outputs",
+                       description="Exit status: 0 reproduced, 1 not reproduced, 2 not replayable.")
+    p.add_argument("dump", help="a call directory, its call.json, or a directory of dumps")
+    p.add_argument("--device", help="run on this device instead of the recorded one, e.g. cpu")
+    p.add_argument("--exact", action="store_true", help="outputs must be bitwise identical")
+    p.set_defaults(func=cmd_replay)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
