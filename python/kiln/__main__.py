@@ -1,5 +1,6 @@
-"""`python -m kiln replay`: kiln's diagnostics from the command line.
+"""`python -m kiln env|replay`: kiln's diagnostics from the command line.
 
+    python -m kiln env [--json]                       what a bug report needs about this machine
     python -m kiln replay <dump> [--device D] [--exact]   re-run dumped calls, compare the outputs
 
 The build graph has its own command line: `python -m codegen` (or `python -m kiln.codegen`).
@@ -8,8 +9,17 @@ The build graph has its own command line: `python -m codegen` (or `python -m kil
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
+
+
+def cmd_env(args) -> int:
+    from .diagnostics import env_report
+
+    report = env_report.collect()
+    print(json.dumps(report, indent=2, default=str) if args.json else env_report.format_text(report))
+    return 0
 
 
 def cmd_replay(args) -> int:
@@ -32,6 +42,9 @@ def cmd_replay(args) -> int:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m kiln", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("env", help="kiln, Python, torch, CUDA, GPUs, archs, workspaces, variables")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_env)
     p = sub.add_parser("replay", help="re-run dumped calls (KILN_DUMP) and compare their outputs",
                        description="Exit status: 0 reproduced, 1 not reproduced, 2 not replayable.")
     p.add_argument("dump", help="a call directory, its call.json, or a directory of dumps")
