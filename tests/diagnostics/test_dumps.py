@@ -113,22 +113,20 @@ def test_a_raised_call_is_recorded_as_raised(dumping, tmp_path):
     (call,) = calls(tmp_path / "dumps")
     r = record(call)
     assert r["status"] == "raised" and r["error"]["type"] == "ValueError"
-    assert replayed(call) == (replay.REPRODUCED, replayed(call)[1])
-    assert "as recorded" in replayed(call)[1]
+    status, out = replayed(call)
+    assert status == replay.REPRODUCED and "raised ValueError" in out and "(as recorded)" in out
 
 
 @pytest.mark.parametrize("where,match", [
     ("a file", r"KILN_DUMP_DIR=.* cannot be created"),
     ("the artifact workspace", r"is inside the JIT artifact workspace .* dedicated directory"),
 ])
-def test_an_unusable_dump_directory_is_an_error_naming_it(dumping, decorate, tmp_path, session_workspace,
-                                                         where, match):
+def test_an_unusable_dump_directory_is_an_error_naming_it(decorate, tmp_path, where, match):
     if where == "a file":
         (tmp_path / "plain").write_text("")
         target = tmp_path / "plain" / "dumps"
     else:
         target = tmp_path / "ws" / "artifacts" / "dumps"
-        decorate(toy_identity, "tests.identity")  # reset the environment first
     fn = decorate(toy_identity, "tests.identity", KILN_DUMP=1, KILN_DUMP_DIR=target,
                   KILN_WORKSPACE_BASE=tmp_path / "ws")
     with pytest.raises(DumpDirError, match=match):

@@ -56,7 +56,7 @@ def _arch_list() -> dict:
 
 def _diagnostics() -> dict:
     s = Settings.from_env()
-    return {"level": s.level, "level_name": LEVELS.get(s.level, "between levels"), "dest": s.dest,
+    return {"level": s.level, "level_name": LEVELS.get(s.level) or f"as level {s.level - 1}", "dest": s.dest,
             "dump": s.dump, "dump_dir": s.dump_dir, "dump_max_count": s.dump_max_count,
             "dump_max_bytes": s.dump_max_bytes, "include": list(s.include),
             "exclude": list(s.exclude), "force_backend": s.force_backend or None}

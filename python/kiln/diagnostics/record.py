@@ -96,9 +96,12 @@ def rebuild_tensor(spec: dict, values: torch.Tensor, device: torch.device) -> to
     fill = float("nan") if dtype.is_floating_point else 0
     storage = torch.full((max(size, 1),), fill, dtype=dtype)
     if values.numel():
-        # Storage index of every element; repeated indices (stride 0) get equal values.
-        index = torch.arange(storage.numel()).as_strided(shape, strides, offset)
-        storage[index.reshape(-1)] = values.reshape(-1)
+        try:
+            storage.as_strided(shape, strides, offset).copy_(values)
+        except RuntimeError:  # a view whose elements overlap (stride 0): write through the index
+            # of every element in the storage; repeated indices get equal values.
+            index = torch.arange(storage.numel()).as_strided(shape, strides, offset)
+            storage[index.reshape(-1)] = values.reshape(-1)
     return storage.to(device).as_strided(shape, strides, offset)
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from kiln.runtime import env
 
+# Each level adds to the ones below it; 2 and 4 act as 1 and 3.
 LEVELS = {0: "off", 1: "call names", 3: "arguments and outputs", 5: "tensor statistics"}
 BACKENDS = ("host", "cuda")
 
