@@ -13,6 +13,9 @@ Order of events for a call, each record written (and flushed) before the next st
     KILN_DUMP    the outputs, and the record completed
     level >= 1   on an exception: "... raised <type>: <message>" (the record says "raised")
 
+A logged API called by another one (single_decode_with_kv_cache runs a decode wrapper's `run`)
+is logged "(inside #<outer>)" but not dumped: the outer call's dump replays both.
+
 Calls traced by torch.compile are not logged here (the wrapper would be traced into the graph); the
 custom op the compiled graph calls at run time is logged instead, under its own name.
 """
@@ -62,8 +65,10 @@ def _install_module_observer() -> None:
 
 def _observe_module(label, params, device, module) -> None:
     call = getattr(_local, "call", None)
-    if call is not None:
-        call.observe_module(device, module)
+    innermost = True
+    while call is not None:  # every enclosing call's record names the module
+        call.observe_module(device, module, log=innermost)
+        call, innermost = call.parent, False
 
 
 def _first_device(named) -> torch.device | None:
@@ -85,7 +90,8 @@ class Call:
         self.settings = settings
         self.level = settings.level
         self.sink = sink
-        self.dumper = dumper  # None when not dumping this API
+        self.parent: Call | None = getattr(_local, "call", None)  # the logged call that made this one
+        self.dumper = dumper if self.parent is None else None  # None when not dumping this call
         self.detailed = detailed  # arguments and outputs in the log (level >= 3, selected API)
         self.seq = next(_seq)
         self.dump: dump.ActiveDump | None = None
@@ -97,7 +103,8 @@ class Call:
         if thread is not threading.main_thread():
             where += f" thread {thread.name}"
         forced = f" [KILN_FORCE_BACKEND={self.settings.force_backend}]" if self.settings.force_backend else ""
-        return f"[kiln {_stamp()} {where}] #{self.seq} {self.entry.name}{what}{forced}"
+        inside = f" (inside #{self.parent.seq})" if self.parent is not None else ""
+        return f"[kiln {_stamp()} {where}] #{self.seq} {self.entry.name}{inside}{what}{forced}"
 
     def _values(self, named, capture: bool) -> list[str]:
         width = max((len(n) for n, _ in named), default=0)
@@ -165,13 +172,13 @@ class Call:
                                       self.entry.mutates, _first_device(named),
                                       self.settings.force_backend)
 
-    def observe_module(self, device: torch.device, module) -> None:
-        """Called by kiln._jit.module_for inside this call, i.e. before the kernel runs."""
-        if not (self.detailed or self.dump is not None) or module.__name__ in self.modules:
+    def observe_module(self, device: torch.device, module, log: bool) -> None:
+        """Called through kiln._jit.module_observer inside this call, before the kernel runs."""
+        if not ((log and self.detailed) or self.dump is not None) or module.__name__ in self.modules:
             return
         self.modules.append(module.__name__)
         info = provenance.module_info(module, "cuda" if device.type == "cuda" else "host")
-        if self.detailed:
+        if log and self.detailed:
             self.sink.write(f"  using module {provenance.module_summary(info)}")
         if self.dump is not None:
             self.dump.add_module(info)

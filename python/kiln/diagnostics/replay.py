@@ -159,14 +159,34 @@ def replay(call_dir: Path, device: str | None = None, exact: bool = False,
             "nothing to compare")
         return REPRODUCED
     stored = _load_tensors(call_dir / record["outputs_file"])
-    ok = True
-    for name, spec in record["outputs"].items():
-        key = spec.get("tensor") or spec.get("alias")
-        if key is None or key not in stored:
-            say(f"  {name}: not a stored tensor ({spec}); not compared")
-            continue
-        matches, text = compare(produced.get(name), stored[key], exact)
-        ok &= matches
-        say(f"  {name}: {text}")
-    say(f"  => {'reproduced' if ok else 'NOT reproduced'}: {len(record['outputs'])} output(s) compared")
+    results = [_check_output(name, spec, produced.get(name), stored, exact, say)
+               for name, spec in record["outputs"].items()]
+    ok = all(results)
+    say(f"  => {'reproduced' if ok else 'NOT reproduced'}: {len(results)} output(s) compared")
     return REPRODUCED if ok else DIFFERENT
+
+
+def _check_output(name: str, spec: dict, produced: object, stored: dict, exact: bool,
+                  say: Callable[[str], None]) -> bool:
+    """Compare one recorded output (a tensor, or a tuple/list of them) with the replay's."""
+    for kind in ("tuple", "list"):
+        if kind in spec:
+            items = spec[kind]
+            if not isinstance(produced, tuple | list) or len(produced) != len(items):
+                say(f"  {name}: expected a {kind} of {len(items)}, the replay produced "
+                    f"{describe.value(produced)}")
+                return False
+            return all([_check_output(f"{name}[{i}]", s, p, stored, exact, say)
+                        for i, (s, p) in enumerate(zip(items, produced, strict=True))])
+    key = spec.get("tensor") or spec.get("alias")
+    if key is None:
+        same = "value" in spec and spec["value"] == produced
+        say(f"  {name}: {'same' if same else 'differs'}: recorded {spec}, replayed "
+            f"{describe.value(produced)}")
+        return same
+    if key not in stored:
+        say(f"  {name}: not saved in the dump; not compared")
+        return True
+    matches, text = compare(produced, stored[key], exact)
+    say(f"  {name}: {text}")
+    return matches
