@@ -1,4 +1,5 @@
-"""`python -m codegen query|gen|build|explain|clean|where`: the build graph from the command line.
+"""`python -m codegen query|gen|build|explain|inspect|clean|where`: the build graph from the command
+line.
 
 Exit status 0 on success; otherwise non-zero, and the last line on stderr says why in one line.
 """
@@ -22,9 +23,10 @@ from kiln.runtime.spec import CompileSpec
 from kiln.runtime.toolchain import available
 from kiln.runtime.workspace import Workspace
 
+from . import inspection
 from .batch import BuildFailed, build_all
 from .dispatch import expand, released
-from .graph import load_graph
+from .graph import LabelError, load_graph
 from .specs import compile_spec
 
 
@@ -188,6 +190,24 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def cmd_inspect(args) -> int:
+    specs = inspection.specs_named(args.label, args.toolchain)
+    if not specs:
+        try:
+            specs = _specs(args, args.toolchain)
+        except LabelError:
+            raise CliError(f"{args.label!r} is not a URI, module name or label "
+                           f"({inspection.near_names(args.label)}); known targets: "
+                           f"{', '.join(load_graph().labels())}") from None
+    ctx = ArchContext.current(args.arch_list)
+    reports = [inspection.inspect_spec(s, ctx, full=args.full) for s in specs]
+    if args.json:
+        print(json.dumps(reports, indent=1))
+    else:
+        print("\n\n".join(inspection.format_text(r, full=args.full) for r in reports))
+    return 0
+
+
 def cmd_clean(args) -> int:
     ws = Workspace.current()
     if not args.label:
@@ -268,6 +288,14 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument("-j", "--jobs", type=int, default=0, help="parallel compile jobs")
             p.add_argument("--force", action="store_true", help="rebuild even when cached")
         p.set_defaults(func=func)
+
+    p = sub.add_parser("inspect", help="generated sources, build manifest, compiled module and cache "
+                                       "metadata of a module, together")
+    common(p)
+    p.add_argument("--arch-list", help="CUDA archs for the current plan, e.g. '9.0a'")
+    p.add_argument("--full", action="store_true", help="also the copied units and every header read")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("clean", help="remove generated sources and artifacts (of a label)")
     p.add_argument("label", nargs="?")

@@ -3,7 +3,7 @@
 Runs on the GPU when one is present (CUDA kernels), else on the CPU (kiln's host backend). For
 each shape it checks kiln and torch.nn.functional.rms_norm against a float64 reference, then times
 both (median of repeated calls: CUDA events on a GPU, wall clock on the CPU) and prints a table.
-This is an example, not the benchmark of record: benchmarks/bench_norm.py is.
+This is an example, not the benchmark of record: `python -m benchmarks run rmsnorm` is.
 
     python examples/rmsnorm.py [--device cpu|cuda] [--dtype bf16|f16|f32]
 """

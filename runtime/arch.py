@@ -165,6 +165,18 @@ def detect_devices() -> tuple[Device, ...]:
     return tuple(devices)
 
 
+def driver_version() -> str | None:
+    """The CUDA driver's version ("13.0"), through the driver API; None without a driver."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    version = ctypes.c_int(0)
+    if lib.cuDriverGetVersion(ctypes.byref(version)) != 0:
+        return None
+    return f"{version.value // 1000}.{version.value % 1000 // 10}"
+
+
 @dataclass(frozen=True)
 class ArchContext:
     """What CUDA modules are compiled for: the requested archs and where that request came from."""

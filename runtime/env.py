@@ -50,6 +50,28 @@ _KNOBS = (
          "Seconds to wait for another process's compile of the same module before failing."),
     Knob("KILN_JIT_LOGLEVEL", "str", "INFO",
          "Level of the 'kiln.jit' logger (compiles, cache misses): DEBUG, INFO, WARNING, ERROR."),
+    # API-call diagnostics (python/kiln/api_logging.py): read once, when kiln is imported.
+    Knob("KILN_LOGLEVEL", "int", 0,
+         "API logging: 0 off (no overhead), 1 call names, 3 arguments and outputs, 5 also "
+         "tensor statistics. Independent of KILN_JIT_LOGLEVEL."),
+    Knob("KILN_LOGDEST", "str", "stderr",
+         "Where API-log records go: stdout, stderr, or a file path ('%p' becomes the process id)."),
+    Knob("KILN_DUMP", "bool", False,
+         "Dump each logged call's input tensors (before) and outputs (after) to KILN_DUMP_DIR."),
+    Knob("KILN_DUMP_DIR", "path", "",
+         "The dedicated directory for dumps (created 0700); required by KILN_DUMP=1."),
+    Knob("KILN_DUMP_MAX_COUNT", "int", 1000,
+         "At most this many calls are dumped per process."),
+    Knob("KILN_DUMP_MAX_BYTES", "int", 10 * 2**30,
+         "At most this many bytes of tensor data are dumped per process."),
+    Knob("KILN_DUMP_INCLUDE", "str", "",
+         "Comma-separated fnmatch patterns of API names that are dumped and logged in detail "
+         "(level >= 3); empty: all."),
+    Knob("KILN_DUMP_EXCLUDE", "str", "",
+         "Comma-separated fnmatch patterns of API names that are never dumped nor logged in detail."),
+    Knob("KILN_FORCE_BACKEND", "str", "",
+         "Diagnostic control: run every kiln call on this backend ('host' or 'cuda'), copying "
+         "tensors there and back. Never for production."),
     Knob("MAX_JOBS", "int", 0,
          "Parallel compile jobs; 0 = min(cores, free memory / (nvcc threads x memory per job))."),
     Knob("KILN_NVCC_THREADS", "int", 1,
@@ -58,6 +80,9 @@ _KNOBS = (
          "The nvcc to use. Empty: $CUDA_HOME/bin/nvcc, else nvcc on PATH."),
     Knob("CUDA_HOME", "path", "",
          "CUDA toolkit root (headers, libcudart_static). Empty: derived from nvcc's location."),
+    Knob("KILN_VALIDATE_INDICES", "bool", False,
+         "Check paged-KV page indices against the cache size on every run (a device sync; for "
+         "diagnosis)."),
     Knob("CXX", "path", "",
          "The host C++ compiler. Empty: c++, else g++ on PATH."),
     # Precompiled modules and the artifact repository (docs/release.md).

@@ -24,6 +24,9 @@ for knob in ("KILN_DISABLE_JIT", "KILN_NO_CACHE", "KILN_JIT_DEBUG", "KILN_JIT_LI
 # scripts/release_check.sh runs op tests against an installed precompiled package only.
 if os.environ.get("KILN_TEST_DISABLE_JIT") == "1":
     os.environ["KILN_DISABLE_JIT"] = "1"
+# API diagnostics are decided when kiln is imported (after this file): tests start with them off.
+for knob in [k for k in os.environ if k.startswith(("KILN_LOG", "KILN_DUMP"))] + ["KILN_FORCE_BACKEND"]:
+    os.environ.pop(knob, None)
 
 
 def pytest_collection_modifyitems(config, items):

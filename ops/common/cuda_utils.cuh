@@ -51,4 +51,16 @@ inline int sm_count() {
   return cached[device];
 }
 
+// Raise a kernel's dynamic shared-memory limit once per device when it needs more than 48 KB.
+// Keyed by the kernel itself (a template argument), so every kernel keeps its own flags.
+template <auto Kernel>
+cudaError_t allow_smem(size_t bytes, int device) {
+  constexpr int kMaxDevices = 64;
+  static bool done[kMaxDevices] = {};
+  if (bytes <= 48 * 1024 || device < 0 || device >= kMaxDevices || done[device]) return cudaSuccess;
+  const cudaError_t err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  done[device] = err == cudaSuccess;
+  return err;
+}
+
 }  // namespace kiln

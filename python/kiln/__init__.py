@@ -10,10 +10,28 @@ runtime and the kernel sources ship inside the package as kiln.codegen, kiln.run
 from __future__ import annotations
 
 from . import utils
+from .cascade import merge_state, merge_state_in_place, merge_states
+from .decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
 from .norm import fused_add_rmsnorm, gemma_fused_add_rmsnorm, gemma_rmsnorm, rmsnorm
+from .page import append_paged_kv_cache, get_batch_indices_positions
+from .prefill import (
+    BatchPrefillWithPagedKVCacheWrapper,
+    BatchPrefillWithRaggedKVCacheWrapper,
+    single_prefill_with_kv_cache,
+)
 
 __all__ = [
     "__version__",
+    "BatchDecodeWithPagedKVCacheWrapper",
+    "BatchPrefillWithPagedKVCacheWrapper",
+    "BatchPrefillWithRaggedKVCacheWrapper",
+    "append_paged_kv_cache",
+    "get_batch_indices_positions",
+    "merge_state",
+    "merge_state_in_place",
+    "merge_states",
+    "single_decode_with_kv_cache",
+    "single_prefill_with_kv_cache",
     "fused_add_rmsnorm",
     "gemma_fused_add_rmsnorm",
     "gemma_rmsnorm",

@@ -22,6 +22,9 @@ from . import utils
 
 _cache: dict[tuple, object] = {}
 _lock = threading.Lock()
+# Set by API logging when diagnostics are on (kiln/diagnostics/call.py), so a logged call can
+# record which module it used before the kernel runs; None otherwise (one global read per call).
+module_observer = None
 
 
 def backend_of(device: torch.device) -> str:
@@ -54,10 +57,14 @@ def _arch_context(label: str, device: torch.device) -> ArchContext:
 
 
 def module_for(label: str, params: tuple[tuple[str, str], ...], device: torch.device):
+    module = _cache.get((label, params, device)) or _load(label, params, device)
+    if module_observer is not None:
+        module_observer(label, params, device, module)
+    return module
+
+
+def _load(label: str, params: tuple[tuple[str, str], ...], device: torch.device):
     key = (label, params, device)
-    module = _cache.get(key)
-    if module is not None:
-        return module
     with _lock:
         module = _cache.get(key)
         if module is None:

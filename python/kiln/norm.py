@@ -15,6 +15,9 @@ Each function is a torch custom op (kiln::rmsnorm, kiln::fused_add_rmsnorm) with
 implementation, so torch.compile(fullgraph=True) traces it; in eager mode the launcher is called
 directly (no dispatcher overhead). Launches go to the caller's current stream, so CUDA-graph
 capture works once the module has been loaded by an earlier call.
+
+API logging (kiln/api_logging.py) covers both ways in: the public functions in eager mode, and the
+custom ops, which is what a compiled graph calls at run time.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from __future__ import annotations
 import torch
 
 from . import _dtypes, _jit
+from .api_logging import logged_api
+from .trace import norm as norm_traces
+from .trace import traced
 
 LABEL = "//ops:norm"
 
@@ -54,6 +60,7 @@ def _fused_add_rmsnorm_impl(input: torch.Tensor, residual: torch.Tensor, weight:
 # Custom ops for torch.compile (R8.3). Mutating ops that return nothing: the fake implementation
 # only has to accept the arguments.
 @torch.library.custom_op("kiln::rmsnorm", mutates_args=("out",))
+@logged_api("kiln::rmsnorm", mutates=("out",))
 def _rmsnorm_op(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, eps: float,
                 weight_offset: float) -> None:
     _rmsnorm_impl(out, input, weight, eps, weight_offset)
@@ -65,6 +72,7 @@ def _(out, input, weight, eps, weight_offset) -> None:
 
 
 @torch.library.custom_op("kiln::fused_add_rmsnorm", mutates_args=("input", "residual"))
+@logged_api("kiln::fused_add_rmsnorm", mutates=("input", "residual"))
 def _fused_add_rmsnorm_op(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                           eps: float, weight_offset: float) -> None:
     _fused_add_rmsnorm_impl(input, residual, weight, eps, weight_offset)
@@ -94,6 +102,8 @@ def _fused_add_rmsnorm(input, residual, weight, eps, weight_offset):
         _fused_add_rmsnorm_impl(input, residual, weight, eps, weight_offset)
 
 
+@logged_api(mutates=("out",))
+@traced(norm_traces.RMSNORM)
 def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
             out: torch.Tensor | None = None) -> torch.Tensor:
     """Root-mean-square normalisation over the last dimension.
@@ -112,6 +122,8 @@ def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     return _rmsnorm(input, weight, eps, out, 0.0)
 
 
+@logged_api(mutates=("input", "residual"))
+@traced(norm_traces.FUSED_ADD_RMSNORM)
 def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                       eps: float = 1e-6) -> None:
     """In place: ``residual += input``, then ``input = rmsnorm(residual, weight, eps)``.
@@ -121,12 +133,16 @@ def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch
     _fused_add_rmsnorm(input, residual, weight, eps, 0.0)
 
 
+@logged_api(mutates=("out",))
+@traced(norm_traces.GEMMA_RMSNORM)
 def gemma_rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                   out: torch.Tensor | None = None) -> torch.Tensor:
     """Gemma's RMSNorm: ``input / sqrt(mean(input ** 2) + eps) * (1 + weight)``."""
     return _rmsnorm(input, weight, eps, out, 1.0)
 
 
+@logged_api(mutates=("input", "residual"))
+@traced(norm_traces.GEMMA_FUSED_ADD_RMSNORM)
 def gemma_fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                             eps: float = 1e-6) -> None:
     """In place: ``residual += input``, then ``input = gemma_rmsnorm(residual, weight, eps)``."""

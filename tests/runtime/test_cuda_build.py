@@ -18,7 +18,10 @@ pytestmark = pytest.mark.skipif(not available("cuda"), reason="needs nvcc")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("label,params", [("//ops:norm", {"dtype": "bf16"})])
+@pytest.mark.parametrize("label,params", [
+    ("//ops:norm", {"dtype": "bf16"}),
+    ("//ops:attention", {"dtype": "bf16", "head_dim": 128, "soft_cap": False}),
+], ids=["norm", "attention"])
 def test_every_declared_family_compiles(tmp_path, label, params):
     graph = load_graph()
     target = graph.target(label)

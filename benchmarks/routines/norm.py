@@ -1,0 +1,168 @@
+"""Routines of kiln.norm: rmsnorm, fused_add_rmsnorm and the Gemma variants, each against
+torch (the equivalent an eager model runs) and FlashInfer (when importable, CUDA only).
+
+kiln's backend runs the CUDA kernels on a GPU and the host backend on the CPU. Outputs given to
+`out=` start as NaN, so an element a backend never writes fails the reference check.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+import kiln
+
+from ..routine import Backend, Routine, cuda_only
+
+
+def kiln_version() -> str:
+    return str(kiln.__version__)
+
+
+def torch_version() -> str:
+    return torch.__version__
+
+
+@functools.cache
+def _flashinfer():
+    """FlashInfer's module, or the ImportError's text (FlashInfer is an optional peer)."""
+    try:
+        import flashinfer
+
+        return flashinfer, None
+    except Exception as e:  # noqa: BLE001 - any failure to import means "not here"
+        return None, f"flashinfer is not importable: {type(e).__name__}: {e}"
+
+
+def flashinfer_available(device: torch.device, dtype: str) -> str | None:
+    if dtype not in ("float16", "bfloat16"):
+        return f"FlashInfer's norm kernels take float16 and bfloat16, not {dtype}"
+    return cuda_only(device) or _flashinfer()[1]
+
+
+def flashinfer_version() -> str:
+    fi = _flashinfer()[0]
+    return getattr(fi, "__version__", "") if fi else ""
+
+
+def _poisoned(t: torch.Tensor) -> torch.Tensor:
+    return torch.full_like(t, float("nan"))
+
+
+# --- rmsnorm / gemma_rmsnorm: out = input * rsqrt(mean(input^2) + eps) * (offset + weight)
+
+
+def kiln_rmsnorm(api):
+    def setup(inp, ctx):
+        x, w, eps, out = inp["input"], inp["weight"], inp["eps"], _poisoned(inp["input"])
+        return lambda: api(x, w, eps=eps, out=out)
+
+    return setup
+
+
+def torch_rmsnorm(inp, ctx):
+    x, w, eps = inp["input"], inp["weight"], inp["eps"]
+    return lambda: F.rms_norm(x, (x.shape[-1],), w, eps=eps)
+
+
+def torch_gemma_rmsnorm(inp, ctx):
+    # Gemma's reference implementation: normalise in float32, scale by (1 + weight), round once.
+    x, w, eps = inp["input"], inp["weight"], inp["eps"]
+    return lambda: (F.rms_norm(x.float(), (x.shape[-1],), eps=eps) * (1.0 + w.float())).to(x.dtype)
+
+
+def flashinfer_rmsnorm(name):
+    def setup(inp, ctx):
+        fn = getattr(_flashinfer()[0].norm, name)
+        x, w, eps, out = inp["input"], inp["weight"], inp["eps"], _poisoned(inp["input"])
+        return lambda: fn(x, w, eps=eps, out=out)
+
+    return setup
+
+
+# --- fused_add_rmsnorm / gemma_fused_add_rmsnorm: in place, residual += input; input = norm
+
+
+def kiln_fused(api):
+    def setup(inp, ctx):
+        x, r, w, eps = inp["input"], inp["residual"], inp["weight"], inp["eps"]
+
+        def run():
+            api(x, r, w, eps=eps)
+            return x, r
+
+        return run
+
+    return setup
+
+
+def torch_fused(gemma: bool):
+    def setup(inp, ctx):
+        x, r, w, eps = inp["input"], inp["residual"], inp["weight"], inp["eps"]
+        hidden = (x.shape[-1],)
+
+        def run():
+            r.add_(x)
+            if gemma:
+                x.copy_(F.rms_norm(r.float(), hidden, eps=eps) * (1.0 + w.float()))
+            else:
+                x.copy_(F.rms_norm(r, hidden, w, eps=eps))
+            return x, r
+
+        return run
+
+    return setup
+
+
+def flashinfer_fused(name):
+    def setup(inp, ctx):
+        fn = getattr(_flashinfer()[0].norm, name)
+        x, r, w, eps = inp["input"], inp["residual"], inp["weight"], inp["eps"]
+
+        def run():
+            fn(x, r, w, eps=eps)
+            return x, r
+
+        return run
+
+    return setup
+
+
+def _backends(kiln_setup, torch_setup, flashinfer_setup):
+    return (
+        Backend("kiln", kiln_setup, version=kiln_version),
+        Backend("torch", torch_setup, version=torch_version),
+        Backend("flashinfer", flashinfer_setup, available=flashinfer_available, version=flashinfer_version),
+    )
+
+
+def norm_flops(fused: bool):
+    """~4 FLOPs per element (square, accumulate, scale, weight), +1 for the residual add."""
+    return lambda axes, dtype: (5 if fused else 4) * axes["tokens"] * axes["hidden"]
+
+
+RMSNORM = Routine(
+    api=kiln.rmsnorm,
+    backends=_backends(kiln_rmsnorm(kiln.rmsnorm), torch_rmsnorm, flashinfer_rmsnorm("rmsnorm")),
+    flops_per_call=norm_flops(False),
+)
+FUSED_ADD_RMSNORM = Routine(
+    api=kiln.fused_add_rmsnorm,
+    backends=_backends(kiln_fused(kiln.fused_add_rmsnorm), torch_fused(False),
+                       flashinfer_fused("fused_add_rmsnorm")),
+    flops_per_call=norm_flops(True),
+)
+GEMMA_RMSNORM = Routine(
+    api=kiln.gemma_rmsnorm,
+    backends=_backends(kiln_rmsnorm(kiln.gemma_rmsnorm), torch_gemma_rmsnorm,
+                       flashinfer_rmsnorm("gemma_rmsnorm")),
+    flops_per_call=norm_flops(False),
+)
+GEMMA_FUSED_ADD_RMSNORM = Routine(
+    api=kiln.gemma_fused_add_rmsnorm,
+    backends=_backends(kiln_fused(kiln.gemma_fused_add_rmsnorm), torch_fused(True),
+                       flashinfer_fused("gemma_fused_add_rmsnorm")),
+    flops_per_call=norm_flops(True),
+)

@@ -1,0 +1,137 @@
+// Attention family, decode part: the parameters and entry points shared by the CUDA and host
+// backends of //ops:attention (one module per dtype x head_dim x soft-cap specialisation).
+//
+// Decode: one query token per request against its paged KV cache.
+//   logit[t] = q . k[t] * sm_scale                       (soft-cap: cap * tanh(logit / cap))
+//   out      = sum_t softmax(logit)[t] * v[t]
+//   lse      = log2(sum_t exp(logit[t]))                  (base 2, FlashInfer's convention)
+// The work is a list of (request, token range) items made by the Python plan; an item either
+// writes the request's output directly or a float32 partial (out_idx >= 0) that the merge step
+// combines. Tokens outside a sliding window are never in an item's range.
+//
+// Paged KV layout: token t of request b lives in page indices[indptr[b] + t / page_size], slot
+// t % page_size; element (page, slot, head, dim) is at page*page_stride + slot*slot_stride +
+// head*head_stride + dim (NHD and HND caches differ only in these strides). Last dim contiguous.
+//
+// Merge: combine S attention states (v, lse) of one row into one; the states of item i are at
+// i*item_stride + (indptr ? indptr[i] + j : j)*state_stride for j in [0, count(i)).
+#pragma once
+
+#include <cstdint>
+
+#include "ops/common/status.h"
+
+namespace kiln::attention {
+
+struct PagedKV {
+  const void* k;
+  const void* v;
+  int64_t k_page_stride, k_slot_stride, k_head_stride;
+  int64_t v_page_stride, v_slot_stride, v_head_stride;
+  const int32_t* page_indptr;   // [batch + 1]
+  const int32_t* page_indices;  // [pages]
+  int64_t page_size;
+};
+
+struct DecodeParams {
+  const void* q;  // [batch, num_qo_heads, head_dim]
+  int64_t q_stride_b, q_stride_h;
+  PagedKV kv;
+  int64_t num_qo_heads, num_kv_heads;
+  // Work list (capacity entries; an entry with request < 0 is padding, for CUDA graphs).
+  const int32_t* work_request;
+  const int32_t* work_token_begin;
+  const int32_t* work_token_end;
+  const int32_t* work_out_index;  // -1: write out/lse directly; else the partial slot
+  int64_t work_capacity;
+  // Merge list: request merge_request[m] combines partial slots [merge_indptr[m], merge_indptr[m+1]).
+  const int32_t* merge_request;
+  const int32_t* merge_indptr;
+  int64_t merge_capacity;
+  void* out;  // [batch, num_qo_heads, head_dim], the dtype of q
+  int64_t out_stride_b, out_stride_h;
+  float* lse;  // [batch, num_qo_heads] or null
+  int64_t lse_stride_b;
+  float* partial_out;  // [slots, num_qo_heads, head_dim] float32
+  float* partial_lse;  // [slots, num_qo_heads] float32
+  float sm_scale;
+  float soft_cap;  // used only by soft-cap specialisations
+};
+
+// Prefill: every query token of a request attends to the request's keys. Query i of a request
+// with qo_len queries and kv_len keys sits at position i + kv_len - qo_len, so with `causal` it
+// sees keys j <= i + kv_len - qo_len (the mask aligned to the end), and with window_left >= 0 only
+// keys j >= i + kv_len - qo_len - window_left. Queries are packed: request b's are rows
+// qo_indptr[b] .. qo_indptr[b+1] of q/out/lse. Ragged (contiguous per request) KV is the paged
+// case with page_size 1 and identity page indices. A work item is (request, first query of a
+// 64-query tile); the kernel's grid is work items x query heads.
+constexpr int kPrefillQueriesPerItem = 64;  // queries per prefill work item (the plan's tile)
+
+struct PrefillParams {
+  const void* q;  // [total_q, num_qo_heads, head_dim]
+  int64_t q_stride_n, q_stride_h;
+  const int32_t* qo_indptr;  // [batch + 1]
+  const int32_t* kv_len;     // [batch]
+  PagedKV kv;
+  int64_t num_qo_heads, num_kv_heads;
+  const int32_t* work_request;  // [capacity]; < 0: padding
+  const int32_t* work_q_start;  // [capacity]
+  int64_t work_capacity;
+  void* out;  // [total_q, num_qo_heads, head_dim]
+  int64_t out_stride_n, out_stride_h;
+  float* lse;  // [total_q, num_qo_heads] or null
+  int64_t lse_stride_n;
+  float sm_scale;
+  float soft_cap;
+  bool causal;
+  int32_t window_left;  // < 0: no window
+};
+
+struct MergeParams {
+  const void* v;  // states, element type: float (decode partials) or the module's dtype
+  const float* s;
+  int64_t num_items, num_heads;
+  int64_t num_states;      // states per item when indptr is null
+  const int32_t* indptr;   // nullable: per-item state ranges
+  const int32_t* out_row;  // nullable: output row of item i (identity when null; < 0: skip)
+  int64_t v_item_stride, v_state_stride, v_head_stride;
+  int64_t s_item_stride, s_state_stride, s_head_stride;
+  void* out;  // the module's dtype
+  int64_t out_row_stride, out_head_stride;
+  float* out_lse;  // nullable
+  int64_t lse_row_stride, lse_head_stride;
+};
+
+// merge_state / merge_state_in_place: two states per row; where mask is given and false, the
+// row keeps a exactly (copied, or untouched in place). `out`/`out_lse` may alias `a`/`a_lse`.
+struct MergeTwoParams {
+  const void* a;
+  const float* a_lse;
+  const void* b;
+  const float* b_lse;
+  const uint8_t* mask;  // nullable, [rows]
+  void* out;
+  float* out_lse;
+  int64_t rows, num_heads;
+  int64_t a_row_stride, a_head_stride, b_row_stride, b_head_stride, out_row_stride, out_head_stride;
+  int64_t a_lse_row_stride, b_lse_row_stride, out_lse_row_stride;  // lse head stride is 1
+};
+
+struct AppendParams {
+  const void* key;  // [nnz, num_kv_heads, head_dim]
+  const void* value;
+  int64_t key_stride_n, key_stride_h, value_stride_n, value_stride_h;
+  const int32_t* batch_indices;  // [nnz]
+  const int32_t* positions;      // [nnz]
+  int64_t nnz, num_kv_heads;
+  PagedKV kv;  // k/v are written through
+};
+
+// Implemented once per backend for the module's dtype, head_dim and soft-cap flag.
+Status decode(const DecodeParams& p, LaunchContext ctx);
+Status prefill(const PrefillParams& p, LaunchContext ctx);
+Status merge_states(const MergeParams& p, LaunchContext ctx);  // v of the module's dtype
+Status merge_two(const MergeTwoParams& p, LaunchContext ctx);
+Status append_paged_kv(const AppendParams& p, LaunchContext ctx);
+
+}  // namespace kiln::attention

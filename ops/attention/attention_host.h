@@ -1,0 +1,223 @@
+// Decode attention, merges and KV append on the CPU: the host backend of //ops:attention (see
+// attention.h). Runs the same work list as the CUDA backend (direct items and float32 partials,
+// then the merge), so split-KV plans are exercised wherever kiln runs. Float32 arithmetic; one
+// thread.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "ops/attention/attention.h"
+#include "ops/attention/state.h"
+#include "ops/common/dtypes.h"
+
+namespace kiln::attention::host {
+
+template <typename T>
+float at(const void* base, int64_t offset) {
+  return Convert<T>::to_float(static_cast<const T*>(base)[offset]);
+}
+
+// Attention of one query head over tokens [begin, end) of `request`: o (unnormalised sum
+// divided by the sum) and lse, in base 2.
+template <typename T, int HEAD_DIM, bool SOFTCAP>
+void attend(const DecodeParams& p, int64_t request, int64_t head, int64_t begin, int64_t end, float* o, float* lse) {
+  const PagedKV& kv = p.kv;
+  const int64_t kv_head = head / (p.num_qo_heads / p.num_kv_heads);
+  const int32_t* pages = kv.page_indices + kv.page_indptr[request];
+  float q[HEAD_DIM];
+  for (int k = 0; k < HEAD_DIM; ++k) q[k] = at<T>(p.q, request * p.q_stride_b + head * p.q_stride_h + k);
+  std::vector<float> logits(static_cast<size_t>(std::max<int64_t>(end - begin, 0)));
+  float mx = neg_inf();
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t page = pages[t / kv.page_size], slot = t % kv.page_size;
+    const int64_t off = page * kv.k_page_stride + slot * kv.k_slot_stride + kv_head * kv.k_head_stride;
+    float dot = 0.0f;
+    for (int k = 0; k < HEAD_DIM; ++k) dot += q[k] * at<T>(kv.k, off + k);
+    float logit = dot * p.sm_scale;
+    if constexpr (SOFTCAP) logit = p.soft_cap * std::tanh(logit / p.soft_cap);
+    logits[t - begin] = logit * kLog2e;
+    mx = std::max(mx, logits[t - begin]);
+  }
+  float sum = 0.0f;
+  std::fill(o, o + HEAD_DIM, 0.0f);
+  for (int64_t t = begin; t < end; ++t) {
+    const float w = scale_from(logits[t - begin], mx);
+    sum += w;
+    const int64_t page = pages[t / kv.page_size], slot = t % kv.page_size;
+    const int64_t off = page * kv.v_page_stride + slot * kv.v_slot_stride + kv_head * kv.v_head_stride;
+    for (int k = 0; k < HEAD_DIM; ++k) o[k] += w * at<T>(kv.v, off + k);
+  }
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  for (int k = 0; k < HEAD_DIM; ++k) o[k] *= inv;
+  *lse = merged_lse(mx, sum);
+}
+
+// Prefill on the host: per request, query head and query, softmax over the visible keys.
+template <typename T, int HEAD_DIM, bool SOFTCAP>
+Status prefill(const PrefillParams& p) {
+  if (p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) {
+    return Status::Error(1, "prefill: num_qo_heads must be a multiple of num_kv_heads");
+  }
+  const PagedKV& kv = p.kv;
+  const int64_t group = p.num_qo_heads / p.num_kv_heads;
+  std::vector<float> logits;
+  for (int64_t w = 0; w < p.work_capacity; ++w) {
+    const int64_t request = p.work_request[w];
+    if (request < 0) continue;
+    const int64_t q_begin = p.qo_indptr[request], qo_len = p.qo_indptr[request + 1] - q_begin;
+    const int64_t kv_len = p.kv_len[request], offset = kv_len - qo_len;
+    const int32_t* pages = kv.page_indices + kv.page_indptr[request];
+    const int64_t q_end = std::min<int64_t>(p.work_q_start[w] + kPrefillQueriesPerItem, qo_len);
+    for (int64_t qi = p.work_q_start[w]; qi < q_end; ++qi) {
+      const int64_t pos = qi + offset;
+      const int64_t lo = p.window_left >= 0 ? std::max<int64_t>(0, pos - p.window_left) : 0;
+      const int64_t hi = p.causal ? std::min(kv_len, pos + 1) : kv_len;
+      for (int64_t h = 0; h < p.num_qo_heads; ++h) {
+        const int64_t kvh = h / group;
+        const int64_t qoff = (q_begin + qi) * p.q_stride_n + h * p.q_stride_h;
+        logits.assign(static_cast<size_t>(std::max<int64_t>(hi - lo, 0)), 0.0f);
+        float mx = neg_inf();
+        for (int64_t j = lo; j < hi; ++j) {
+          const int64_t koff = pages[j / kv.page_size] * kv.k_page_stride + (j % kv.page_size) * kv.k_slot_stride +
+                               kvh * kv.k_head_stride;
+          float dot = 0.0f;
+          for (int k = 0; k < HEAD_DIM; ++k) dot += at<T>(p.q, qoff + k) * at<T>(kv.k, koff + k);
+          float logit = dot * p.sm_scale;
+          if constexpr (SOFTCAP) logit = p.soft_cap * std::tanh(logit / p.soft_cap);
+          logits[j - lo] = logit * kLog2e;
+          mx = std::max(mx, logits[j - lo]);
+        }
+        float sum = 0.0f, o[HEAD_DIM] = {};
+        for (int64_t j = lo; j < hi; ++j) {
+          const float wgt = scale_from(logits[j - lo], mx);
+          sum += wgt;
+          const int64_t voff = pages[j / kv.page_size] * kv.v_page_stride + (j % kv.page_size) * kv.v_slot_stride +
+                               kvh * kv.v_head_stride;
+          for (int k = 0; k < HEAD_DIM; ++k) o[k] += wgt * at<T>(kv.v, voff + k);
+        }
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        T* out = static_cast<T*>(p.out) + (q_begin + qi) * p.out_stride_n + h * p.out_stride_h;
+        for (int k = 0; k < HEAD_DIM; ++k) out[k] = Convert<T>::from_float(o[k] * inv);
+        if (p.lse) p.lse[(q_begin + qi) * p.lse_stride_n + h] = merged_lse(mx, sum);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+template <typename TIn, typename TOut, int HEAD_DIM>
+void merge(const MergeParams& p) {
+  for (int64_t item = 0; item < p.num_items; ++item) {
+    const int64_t row = p.out_row ? p.out_row[item] : item;
+    if (row < 0) continue;
+    const int64_t first = p.indptr ? p.indptr[item] : 0;
+    const int64_t count = p.indptr ? p.indptr[item + 1] - first : p.num_states;
+    for (int64_t h = 0; h < p.num_heads; ++h) {
+      const float* s = p.s + item * p.s_item_stride + h * p.s_head_stride;
+      const int64_t v0 = item * p.v_item_stride + h * p.v_head_stride;
+      float mx = neg_inf();
+      for (int64_t j = 0; j < count; ++j) mx = std::max(mx, s[(first + j) * p.s_state_stride]);
+      float sum = 0.0f, acc[HEAD_DIM] = {};
+      for (int64_t j = 0; j < count; ++j) {
+        const float w = scale_from(s[(first + j) * p.s_state_stride], mx);
+        sum += w;
+        for (int k = 0; k < HEAD_DIM; ++k) acc[k] += w * at<TIn>(p.v, v0 + (first + j) * p.v_state_stride + k);
+      }
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      TOut* out = static_cast<TOut*>(p.out) + row * p.out_row_stride + h * p.out_head_stride;
+      for (int k = 0; k < HEAD_DIM; ++k) out[k] = Convert<TOut>::from_float(acc[k] * inv);
+      if (p.out_lse) p.out_lse[row * p.lse_row_stride + h * p.lse_head_stride] = merged_lse(mx, sum);
+    }
+  }
+}
+
+template <typename T, int HEAD_DIM, bool SOFTCAP>
+Status decode(const DecodeParams& p) {
+  if (p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) {
+    return Status::Error(1, "decode: num_qo_heads must be a multiple of num_kv_heads");
+  }
+  float o[HEAD_DIM];
+  for (int64_t w = 0; w < p.work_capacity; ++w) {
+    const int64_t request = p.work_request[w];
+    if (request < 0) continue;
+    const int64_t out_index = p.work_out_index[w];
+    for (int64_t h = 0; h < p.num_qo_heads; ++h) {
+      float lse;
+      attend<T, HEAD_DIM, SOFTCAP>(p, request, h, p.work_token_begin[w], p.work_token_end[w], o, &lse);
+      if (out_index < 0) {
+        T* out = static_cast<T*>(p.out) + request * p.out_stride_b + h * p.out_stride_h;
+        for (int k = 0; k < HEAD_DIM; ++k) out[k] = Convert<T>::from_float(o[k]);
+        if (p.lse) p.lse[request * p.lse_stride_b + h] = lse;
+      } else {
+        std::copy(o, o + HEAD_DIM, p.partial_out + (out_index * p.num_qo_heads + h) * HEAD_DIM);
+        p.partial_lse[out_index * p.num_qo_heads + h] = lse;
+      }
+    }
+  }
+  if (p.merge_capacity > 0) {
+    MergeParams m{};
+    m.v = p.partial_out;
+    m.s = p.partial_lse;
+    m.num_items = p.merge_capacity;
+    m.num_heads = p.num_qo_heads;
+    m.indptr = p.merge_indptr;
+    m.out_row = p.merge_request;
+    m.v_state_stride = p.num_qo_heads * HEAD_DIM;
+    m.v_head_stride = HEAD_DIM;
+    m.s_state_stride = p.num_qo_heads;
+    m.s_head_stride = 1;
+    m.out = p.out;
+    m.out_row_stride = p.out_stride_b;
+    m.out_head_stride = p.out_stride_h;
+    m.out_lse = p.lse;
+    m.lse_row_stride = p.lse_stride_b;
+    m.lse_head_stride = 1;
+    merge<float, T, HEAD_DIM>(m);
+  }
+  return Status::Ok();
+}
+
+template <typename T, int HEAD_DIM>
+Status merge_two(const MergeTwoParams& p) {
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const bool use_b = p.mask == nullptr || p.mask[r] != 0;
+    if (!use_b && p.out == p.a && p.out_lse == p.a_lse) continue;  // in place and masked: the row is kept
+    for (int64_t h = 0; h < p.num_heads; ++h) {
+      const float la = p.a_lse[r * p.a_lse_row_stride + h], lb = p.b_lse[r * p.b_lse_row_stride + h];
+      const float mx = use_b ? std::max(la, lb) : la;
+      const float wa = use_b ? scale_from(la, mx) : 1.0f, wb = use_b ? scale_from(lb, mx) : 0.0f;
+      const float sum = wa + wb, inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const int64_t ao = r * p.a_row_stride + h * p.a_head_stride, bo = r * p.b_row_stride + h * p.b_head_stride;
+      T* out = static_cast<T*>(p.out) + r * p.out_row_stride + h * p.out_head_stride;
+      for (int k = 0; k < HEAD_DIM; ++k) {
+        const float v = (wa * at<T>(p.a, ao + k) + wb * at<T>(p.b, bo + k)) * inv;
+        out[k] = Convert<T>::from_float(v);  // out may alias a: element k was read just above
+      }
+      p.out_lse[r * p.out_lse_row_stride + h] = merged_lse(mx, sum);
+    }
+  }
+  return Status::Ok();
+}
+
+template <typename T, int HEAD_DIM>
+Status append_paged_kv(const AppendParams& p) {
+  const PagedKV& kv = p.kv;
+  for (int64_t i = 0; i < p.nnz; ++i) {
+    const int64_t b = p.batch_indices[i], pos = p.positions[i];
+    const int64_t page = kv.page_indices[kv.page_indptr[b] + pos / kv.page_size], slot = pos % kv.page_size;
+    T* k = static_cast<T*>(const_cast<void*>(kv.k)) + page * kv.k_page_stride + slot * kv.k_slot_stride;
+    T* v = static_cast<T*>(const_cast<void*>(kv.v)) + page * kv.v_page_stride + slot * kv.v_slot_stride;
+    for (int64_t h = 0; h < p.num_kv_heads; ++h) {
+      const T* key = static_cast<const T*>(p.key) + i * p.key_stride_n + h * p.key_stride_h;
+      const T* value = static_cast<const T*>(p.value) + i * p.value_stride_n + h * p.value_stride_h;
+      std::copy(key, key + HEAD_DIM, k + h * kv.k_head_stride);
+      std::copy(value, value + HEAD_DIM, v + h * kv.v_head_stride);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace kiln::attention::host

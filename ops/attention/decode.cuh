@@ -1,0 +1,299 @@
+// Paged decode attention on tensor cores (mma.sync m16n8k16, sm80+): kernel and launcher. See
+// attention.h for the contract.
+//
+// One CTA = one work item (request, token range) x one kv head x up to 16 of its query heads
+// (the GQA group, or a divisor of it): the query heads are the 16 rows of the MMA A operand
+// (padded with zeros), so each K/V byte is read once for the whole group and the arithmetic runs
+// on tensor cores, as in FlashAttention-2 with the query heads in place of query tokens.
+// Four warps; warp w takes the work item's 16-token tiles w, w + 4, ... and streams them through
+// its own cp.async pipeline in shared memory (kStages deep, rows XOR-swizzled in 16-byte chunks so
+// ldmatrix is conflict free). Per tile: S = Q K^T (ldmatrix.x4 on K), scale / soft-cap / mask,
+// online softmax on the C fragments (one max per row per tile, quad shuffles), P packed to 16-bit
+// in registers as the A operand of O += P V (ldmatrix.x4.trans on V). At the end the four warps'
+// states merge through shared memory into out/lse, or a float32 partial slot (split-KV).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "ops/attention/attention.h"
+#include "ops/attention/merge.cuh"
+#include "ops/attention/state.h"
+#include "ops/common/async_copy.cuh"
+#include "ops/common/cuda_utils.cuh"
+#include "ops/common/dtypes.h"
+#include "ops/common/math.h"
+#include "ops/common/mma.cuh"
+
+namespace kiln::attention {
+
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeThreads = 32 * kDecodeWarps;
+constexpr int kDecodeTile = 16;      // tokens per warp per pipeline stage (one MMA k-step of P V)
+constexpr int kMaxHeadsPerCta = 16;  // the MMA's M
+
+template <typename T, int HEAD_DIM>
+struct DecodeShape {
+  static constexpr int CHUNKS = HEAD_DIM * int(sizeof(T)) / 16;  // 16-byte chunks per token row
+  static constexpr int VEC = 16 / int(sizeof(T));
+  static constexpr int STAGES = HEAD_DIM >= 256 ? 2 : 3;
+  static constexpr int KSTEPS = HEAD_DIM / 16;  // MMA k-steps of Q K^T
+  static constexpr int NTILES = HEAD_DIM / 8;   // MMA n-tiles of P V
+  // Per warp: [stage][K, V][token][chunk] 16-byte units.
+  static constexpr int kWarpUnits = STAGES * 2 * kDecodeTile * CHUNKS;
+  static constexpr size_t kStagingBytes = size_t(kDecodeWarps) * kWarpUnits * 16;
+  // Merge of the warps: m and l per [warp][row], o per [warp][row][dim], float32.
+  static constexpr size_t kCombineBytes = size_t(kDecodeWarps) * kMaxHeadsPerCta * (HEAD_DIM + 2) * 4;
+  static constexpr size_t kSmemBytes = kStagingBytes > kCombineBytes ? kStagingBytes : kCombineBytes;
+  static_assert(CHUNKS >= 8 && CHUNKS % 2 == 0, "the swizzle needs at least 8 chunks per row");
+};
+
+template <typename T, int HEAD_DIM, bool SOFTCAP>
+__global__ void __launch_bounds__(kDecodeThreads) decode_paged_kernel(const DecodeParams p, int heads_per_cta) {
+  using S = DecodeShape<T, HEAD_DIM>;
+  constexpr int CHUNKS = S::CHUNKS, VEC = S::VEC, STAGES = S::STAGES, KSTEPS = S::KSTEPS, NTILES = S::NTILES;
+  extern __shared__ uint4 smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  uint4* wbuf = smem + warp * S::kWarpUnits;  // this warp's pipeline
+
+  const int work = blockIdx.x;
+  const int request = p.work_request[work];
+  if (request < 0) return;  // padding entry (CUDA-graph capacity)
+  const int tok_begin = p.work_token_begin[work];
+  const int tok_end = p.work_token_end[work];
+  const int out_index = p.work_out_index[work];
+  const int group_size = int(p.num_qo_heads / p.num_kv_heads);
+  const int head_chunks = group_size / heads_per_cta;
+  const int kv_head = blockIdx.y / head_chunks;
+  const int qo_head0 = kv_head * group_size + (blockIdx.y % head_chunks) * heads_per_cta;
+
+  // Q as the A operand: rows g and g+8 are query heads (zero beyond heads_per_cta).
+  uint32_t qa[KSTEPS][4];
+  {
+    const T* q = static_cast<const T*>(p.q) + request * p.q_stride_b + qo_head0 * p.q_stride_h;
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row = g + (r & 1) * 8, col = kk * 16 + 2 * t + (r >> 1) * 8;
+        qa[kk][r] = row < heads_per_cta ? *reinterpret_cast<const uint32_t*>(q + row * p.q_stride_h + col) : 0u;
+      }
+    }
+  }
+  float o[NTILES][4];
+#pragma unroll
+  for (int n = 0; n < NTILES; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {neg_inf(), neg_inf()};  // running max of rows g, g+8 (log2 units)
+  float l[2] = {0.0f, 0.0f};            // this lane's share of the running sums
+
+  const PagedKV& kv = p.kv;
+  const int32_t* pages = kv.page_indices + kv.page_indptr[request];
+  const T* k_head = static_cast<const T*>(kv.k) + kv_head * kv.k_head_stride;
+  const T* v_head = static_cast<const T*>(kv.v) + kv_head * kv.v_head_stride;
+  const uint32_t page_size = static_cast<uint32_t>(kv.page_size);
+  const int num_tiles = (tok_end - tok_begin + kDecodeTile - 1) / kDecodeTile;
+  const int my_tiles = num_tiles > warp ? (num_tiles - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
+
+  // Copies are coalesced: one cp.async instruction covers 32 / CHUNKS whole token rows (two
+  // 256-byte rows at head_dim 128). Lanes 0..15 look up the page and slot of the tile's tokens once
+  // and the copying lanes fetch them by shuffle.
+  constexpr int kRowsPerCopy = 32 / CHUNKS;
+  const int copy_chunk = lane % CHUNKS;
+  auto issue = [&](int stage, int tile) {
+    const int tile_tok0 = tok_begin + (warp + tile * kDecodeWarps) * kDecodeTile;
+    const int my_tok = tile_tok0 + (lane % kDecodeTile);
+    const uint32_t utok = my_tok < tok_end ? static_cast<uint32_t>(my_tok) : 0u;
+    const int my_page = my_tok < tok_end ? pages[utok / page_size] : 0;
+    const int my_slot = static_cast<int>(utok % page_size);
+    uint4* kdst = wbuf + (stage * 2 + 0) * kDecodeTile * CHUNKS;
+    uint4* vdst = wbuf + (stage * 2 + 1) * kDecodeTile * CHUNKS;
+#pragma unroll
+    for (int c = 0; c < kDecodeTile / kRowsPerCopy; ++c) {
+      const int row = c * kRowsPerCopy + lane / CHUNKS;
+      const int64_t page = __shfl_sync(0xffffffffu, my_page, row);
+      const int64_t slot = __shfl_sync(0xffffffffu, my_slot, row);
+      const bool valid = tile_tok0 + row < tok_end;
+      const int phys = row * CHUNKS + (copy_chunk ^ (row & 7));
+      cp_async_16(kdst + phys, k_head + page * kv.k_page_stride + slot * kv.k_slot_stride + copy_chunk * VEC, valid);
+      cp_async_16(vdst + phys, v_head + page * kv.v_page_stride + slot * kv.v_slot_stride + copy_chunk * VEC, valid);
+    }
+    cp_async_commit();
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < my_tiles) {
+      issue(s, s);
+    } else {
+      cp_async_commit();  // empty group keeps the wait count uniform
+    }
+  }
+  const float scale = SOFTCAP ? p.sm_scale / p.soft_cap : p.sm_scale * kLog2e;
+  const int ld_row = lane % 8, ld_mat = lane / 8;
+  for (int tile = 0; tile < my_tiles; ++tile) {
+    if (tile + STAGES - 1 < my_tiles) {
+      issue((tile + STAGES - 1) % STAGES, tile + STAGES - 1);
+    } else {
+      cp_async_commit();
+    }
+    cp_async_wait<STAGES - 1>();
+    __syncwarp();  // every lane's copies of this tile have landed
+    const int stage = tile % STAGES;
+    const uint4* kt = wbuf + (stage * 2 + 0) * kDecodeTile * CHUNKS;
+    const uint4* vt = wbuf + (stage * 2 + 1) * kDecodeTile * CHUNKS;
+
+    // S = Q K^T over the tile's 16 tokens: two n-tiles of 8 tokens.
+    float s[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk) {
+      uint32_t b[4];  // ldmatrix: matrix j = tokens (j / 2) * 8.., chunk 2 kk + j % 2
+      const int tok = (ld_mat / 2) * 8 + ld_row, chunk = 2 * kk + ld_mat % 2;
+      ldmatrix_x4(b, kt + tok * CHUNKS + (chunk ^ (tok & 7)));
+      mma_16x8x16<T>(s[0], qa[kk], b[0], b[1]);
+      mma_16x8x16<T>(s[1], qa[kk], b[2], b[3]);
+    }
+    const int tile_tok0 = tok_begin + (warp + tile * kDecodeWarps) * kDecodeTile;
+    float row_max[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float x = s[n][i] * scale;
+        if constexpr (SOFTCAP) x = tanhf(x) * (p.soft_cap * kLog2e);
+        const bool valid = tile_tok0 + n * 8 + 2 * t + (i & 1) < tok_end;
+        s[n][i] = valid ? x : neg_inf();
+        row_max[i >> 1] = fmaxf(row_max[i >> 1], s[n][i]);
+      }
+    }
+    float rescale[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
+      const float m_new = fmaxf(m[r], row_max[r]);
+      rescale[r] = scale_from(m[r], m_new);
+      l[r] *= rescale[r];
+      m[r] = m_new;
+    }
+#pragma unroll
+    for (int n = 0; n < NTILES; ++n) {
+      o[n][0] *= rescale[0];
+      o[n][1] *= rescale[0];
+      o[n][2] *= rescale[1];
+      o[n][3] *= rescale[1];
+    }
+    // P = exp2(S - m), as the A operand of P V (the C layout of two n-tiles is A's layout).
+    uint32_t pa[4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      float e[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        e[i] = scale_from(s[n][i], m[i >> 1]);
+        l[i >> 1] += e[i];
+      }
+      pa[2 * n + 0] = pack2<T>(e[0], e[1]);
+      pa[2 * n + 1] = pack2<T>(e[2], e[3]);
+    }
+    // O += P V: per pair of n-tiles (16 dims), ldmatrix.trans matrix j = tokens (j % 2) * 8..,
+    // chunk 2 np + j / 2.
+#pragma unroll
+    for (int np = 0; np < NTILES / 2; ++np) {
+      uint32_t b[4];
+      const int tok = (ld_mat % 2) * 8 + ld_row, chunk = 2 * np + ld_mat / 2;
+      ldmatrix_x4_trans(b, vt + tok * CHUNKS + (chunk ^ (tok & 7)));
+      mma_16x8x16<T>(o[2 * np], pa, b[0], b[1]);
+      mma_16x8x16<T>(o[2 * np + 1], pa, b[2], b[3]);
+    }
+    __syncwarp();  // all lanes are done reading this stage before it is refilled
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the staging buffers become the combine buffer
+
+  // Row sums over the quad, then each warp's (m, l, o) into shared memory.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  float* c_m = reinterpret_cast<float*>(smem);        // [warp][row]
+  float* c_l = c_m + kDecodeWarps * kMaxHeadsPerCta;  // [warp][row]
+  float* c_o = c_l + kDecodeWarps * kMaxHeadsPerCta;  // [warp][row][dim]
+  if (t == 0) {
+    c_m[warp * kMaxHeadsPerCta + g] = m[0];
+    c_m[warp * kMaxHeadsPerCta + g + 8] = m[1];
+    c_l[warp * kMaxHeadsPerCta + g] = l[0];
+    c_l[warp * kMaxHeadsPerCta + g + 8] = l[1];
+  }
+#pragma unroll
+  for (int n = 0; n < NTILES; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = g + (i >> 1) * 8, col = n * 8 + 2 * t + (i & 1);
+      c_o[(warp * kMaxHeadsPerCta + row) * HEAD_DIM + col] = o[n][i];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < heads_per_cta * HEAD_DIM; idx += kDecodeThreads) {
+    const int row = idx / HEAD_DIM, col = idx % HEAD_DIM;
+    float m_all = neg_inf();
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) m_all = fmaxf(m_all, c_m[w * kMaxHeadsPerCta + row]);
+    float l_all = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float wgt = scale_from(c_m[w * kMaxHeadsPerCta + row], m_all);
+      l_all += wgt * c_l[w * kMaxHeadsPerCta + row];
+      acc += wgt * c_o[(w * kMaxHeadsPerCta + row) * HEAD_DIM + col];
+    }
+    const float value = l_all > 0.0f ? acc / l_all : 0.0f;
+    const int head = qo_head0 + row;
+    if (out_index < 0) {
+      static_cast<T*>(p.out)[request * p.out_stride_b + head * p.out_stride_h + col] = Convert<T>::from_float(value);
+      if (p.lse != nullptr && col == 0) p.lse[request * p.lse_stride_b + head] = merged_lse(m_all, l_all);
+    } else {
+      p.partial_out[(int64_t(out_index) * p.num_qo_heads + head) * HEAD_DIM + col] = value;
+      if (col == 0) p.partial_lse[int64_t(out_index) * p.num_qo_heads + head] = merged_lse(m_all, l_all);
+    }
+  }
+}
+
+// Query heads per CTA: the largest divisor of the GQA group size that fits the MMA's 16 rows
+// (one table, shared with the Python schedule).
+inline int heads_per_cta(int64_t group_size) {
+  for (int h = kMaxHeadsPerCta; h > 1; --h) {
+    if (group_size % h == 0) return h;
+  }
+  return 1;
+}
+
+template <typename T, int HEAD_DIM, bool SOFTCAP>
+Status launch_decode(const DecodeParams& p, LaunchContext ctx) {
+  if (p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) {
+    return Status::Error(1, "decode: num_qo_heads (" + std::to_string(p.num_qo_heads) +
+                                ") must be a multiple of num_kv_heads (" + std::to_string(p.num_kv_heads) + ")");
+  }
+  if (p.work_capacity == 0) return Status::Ok();
+  DeviceGuard guard(ctx.device);
+  int device = 0;
+  cudaGetDevice(&device);
+  const auto stream = static_cast<cudaStream_t>(ctx.stream);
+  const int64_t group_size = p.num_qo_heads / p.num_kv_heads;
+  const int heads = heads_per_cta(group_size);
+  const dim3 grid(static_cast<unsigned>(p.work_capacity), static_cast<unsigned>(p.num_kv_heads * (group_size / heads)));
+  if (grid.y > 65535) return Status::Error(1, "decode: too many kv heads x head chunks for one launch");
+  using S = DecodeShape<T, HEAD_DIM>;
+  constexpr auto kernel = decode_paged_kernel<T, HEAD_DIM, SOFTCAP>;
+  Status st = cuda_status(allow_smem<kernel>(S::kSmemBytes, device), "decode: raising the shared-memory limit");
+  if (!st.ok()) return st;
+  kernel<<<grid, kDecodeThreads, S::kSmemBytes, stream>>>(p, heads);
+  st = cuda_status(cudaGetLastError(), "decode kernel launch");
+  if (!st.ok() || p.merge_capacity == 0) return st;
+  return launch_merge_decode_partials<T, HEAD_DIM>(p, stream);
+}
+
+}  // namespace kiln::attention

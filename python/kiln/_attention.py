@@ -1,0 +1,54 @@
+"""Shared pieces of the attention APIs: choosing the //ops:attention module, reading paged KV
+caches, and kv_layout names."""
+
+from __future__ import annotations
+
+import torch
+
+from . import _dtypes, _jit
+
+LABEL = "//ops:attention"
+LAYOUTS = {"NHD": 0, "HND": 1}
+
+
+def layout_code(kv_layout: str, api: str) -> int:
+    try:
+        return LAYOUTS[kv_layout]
+    except KeyError:
+        raise ValueError(f"{api}: kv_layout must be 'NHD' or 'HND', got {kv_layout!r}") from None
+
+
+def module(dtype: torch.dtype, head_dim: int, soft_cap: bool, device: torch.device, api: str):
+    """The attention module for (dtype, head_dim, soft-cap) on `device`, or a clear error."""
+    name = _dtypes.short_name(dtype, api, _jit.axis_values(LABEL, "dtype"))
+    head_dims = _jit.axis_values(LABEL, "head_dim")
+    if str(head_dim) not in head_dims:
+        raise ValueError(f"{api}: head_dim {head_dim} is not supported; supported: {', '.join(head_dims)}")
+    params = (("dtype", name), ("head_dim", str(head_dim)), ("soft_cap", "true" if soft_cap else "false"))
+    return _jit.module_for(LABEL, params, device)
+
+
+def split_cache(paged_kv_cache, api: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k_cache, v_cache) from a tuple, or from one [pages, 2, ...] tensor."""
+    if isinstance(paged_kv_cache, (tuple, list)):
+        if len(paged_kv_cache) != 2:
+            raise ValueError(f"{api}: paged_kv_cache must be (k_cache, v_cache), got "
+                             f"{len(paged_kv_cache)} items")
+        return paged_kv_cache[0], paged_kv_cache[1]
+    if isinstance(paged_kv_cache, torch.Tensor):
+        if paged_kv_cache.dim() != 5 or paged_kv_cache.shape[1] != 2:
+            raise ValueError(f"{api}: a single paged_kv_cache tensor must be [max_num_pages, 2, ...] "
+                             f"(5-D), got shape {list(paged_kv_cache.shape)}")
+        return paged_kv_cache[:, 0], paged_kv_cache[:, 1]
+    raise TypeError(f"{api}: paged_kv_cache must be a (k_cache, v_cache) tuple or a tensor, got "
+                    f"{type(paged_kv_cache).__name__}")
+
+
+def cache_geometry(k_cache: torch.Tensor, kv_layout: str, api: str) -> tuple[int, int, int]:
+    """(page_size, num_kv_heads, head_dim) of a 4-D cache in `kv_layout`."""
+    if k_cache.dim() != 4:
+        raise ValueError(f"{api}: k_cache must be 4-D [pages, page_size, kv_heads, head_dim] (NHD) or "
+                         f"[pages, kv_heads, page_size, head_dim] (HND), got shape {list(k_cache.shape)}")
+    if kv_layout == "NHD":
+        return k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    return k_cache.shape[2], k_cache.shape[1], k_cache.shape[3]

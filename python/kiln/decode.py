@@ -1,0 +1,385 @@
+"""Decode attention over a paged KV cache (//ops:attention), with FlashInfer's names and argument
+order so its users can switch:
+
+    single_decode_with_kv_cache(q, k, v, kv_layout="NHD", sm_scale=None, logits_soft_cap=None,
+                                window_left=-1, return_lse=False)
+    BatchDecodeWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False,
+                                       ...).plan(indptr, indices, last_page_len, num_qo_heads,
+                                       num_kv_heads, head_dim, page_size, ...).run(q, paged_kv_cache)
+
+One query token per request. For each query head h (kv head h // (num_qo_heads // num_kv_heads)):
+    logit[t] = q[h] . k[t] * sm_scale, soft-capped as cap * tanh(logit / cap) when given
+    out[h]   = sum_t softmax(logit)[t] * v[t]          over t in [max(0, L - 1 - window_left), L)
+    lse[h]   = log2(sum_t exp(logit[t]))               (base 2, as FlashInfer returns it)
+
+Paged KV cache (per layer): a (k_cache, v_cache) tuple of [max_num_pages, page_size,
+num_kv_heads, head_dim] (NHD) or [max_num_pages, num_kv_heads, page_size, head_dim] (HND), or one
+[max_num_pages, 2, ...] tensor. Request b owns pages indices[indptr[b]:indptr[b+1]], the last one
+filled to last_page_len[b]. indptr/indices/last_page_len are int32.
+
+plan() schedules on the host once per batch (it reads indptr and last_page_len, so it syncs)
+and is reused by run() for every layer. With use_cuda_graph=True the wrapper owns fixed buffers
+(the page-table buffers passed to the constructor and a fixed-capacity work list), run() does no
+host synchronisation, and a captured run() replays correctly after later plan() calls with the
+same batch size.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from kiln.runtime import env
+
+from . import _attention, _jit
+from ._decode_schedule import schedule
+from .api_logging import logged_api
+from .trace import attention as attention_traces
+from .trace import traced
+
+API = "BatchDecodeWithPagedKVCacheWrapper"
+# Resident decode CTAs per SM (4 warps, ~166 registers, 96 KB of shared memory at head_dim 128,
+# so two fit in an SM's 228 KB): the split heuristic aims at one wave of SMs x this.
+CTAS_PER_SM = 2
+HOST_SLOTS = 16  # the CPU backend's nominal width: small batches still exercise split-KV
+
+
+@dataclass(eq=False)
+class _Plan:
+    """What plan() decided, kept for run(): shapes to check, the module, and DLPack capsules of
+    every device buffer the plan owns."""
+
+    batch: int
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    window_left: int
+    soft_cap: float | None
+    q_dtype: torch.dtype
+    kv_dtype: torch.dtype
+    sm_scale: float
+    indices: torch.Tensor
+    nnz_pages: int
+    chunk: int
+    num_items: int
+    slots: int
+    module: object
+    fixed: tuple
+    partials: tuple
+    keep: tuple  # the tensors behind the capsules
+    checked: tuple | None = None
+
+
+def _dtype(value, default: torch.dtype | None = None) -> torch.dtype:
+    if value is None:
+        return default
+    if isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):
+        return getattr(torch, value)
+    raise TypeError(f"{API}: not a dtype: {value!r}")
+
+
+@functools.cache
+def _slots(device: torch.device) -> int:
+    if device.type != "cuda":
+        return HOST_SLOTS
+    return torch.cuda.get_device_properties(device).multi_processor_count * CTAS_PER_SM
+
+
+class BatchDecodeWithPagedKVCacheWrapper:
+    """Batch decode attention over paged KV caches: plan once per batch, run per layer."""
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
+                 use_cuda_graph: bool = False, use_tensor_cores: bool = False,
+                 paged_kv_indptr_buffer: torch.Tensor | None = None,
+                 paged_kv_indices_buffer: torch.Tensor | None = None,
+                 paged_kv_last_page_len_buffer: torch.Tensor | None = None,
+                 backend: str = "auto", jit_args=None) -> None:
+        """
+        Args:
+            float_workspace_buffer: scratch for split-KV partial results (FlashInfer suggests
+                128 MB); any dtype, on the device the wrapper runs on.
+            kv_layout: "NHD" or "HND".
+            use_cuda_graph: keep every buffer run() touches fixed, so run() can be captured.
+                Needs the three paged_kv_*_buffer arguments (their sizes fix the batch size and
+                the page capacity).
+            use_tensor_cores, backend, jit_args: accepted for FlashInfer compatibility; kiln has
+                one decode kernel (CUDA cores, 16-byte loads, cp.async pipeline) and ignores them.
+        """
+        _attention.layout_code(kv_layout, API)
+        if not isinstance(float_workspace_buffer, torch.Tensor):
+            raise TypeError(f"{API}: float_workspace_buffer must be a tensor")
+        self._workspace = float_workspace_buffer.view(-1).view(torch.uint8)
+        self._device = float_workspace_buffer.device
+        self._kv_layout = kv_layout
+        self._layout = _attention.LAYOUTS[kv_layout]
+        self._use_cuda_graph = use_cuda_graph
+        self._plan = None
+        self._copy_done = None
+        if use_cuda_graph:
+            missing = [n for n, b in (("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
+                                      ("paged_kv_indices_buffer", paged_kv_indices_buffer),
+                                      ("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer))
+                       if b is None]
+            if missing:
+                raise ValueError(f"{API}: use_cuda_graph=True needs fixed page-table buffers; pass "
+                                 f"{', '.join(missing)}")
+            self._indptr_buf = paged_kv_indptr_buffer
+            self._indices_buf = paged_kv_indices_buffer
+            self._last_page_len_buf = paged_kv_last_page_len_buffer
+            self._fixed_batch = paged_kv_indptr_buffer.numel() - 1
+            capacity = self._fixed_batch + _slots(self._device)
+            self._work_capacity, self._merge_capacity = capacity, self._fixed_batch
+            self._work_buf = torch.empty(4 * capacity + 2 * self._fixed_batch + 1, dtype=torch.int32,
+                                         device=self._device)
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._use_cuda_graph
+
+    @property
+    def plan_info(self) -> dict:
+        """The current plan's schedule: split chunk in tokens (0 = unsplit), work items, and
+        float32 partial slots."""
+        p = self._plan
+        if p is None:
+            raise RuntimeError(f"{API}.plan_info: no plan yet")
+        return {"chunk": p.chunk, "work_items": p.num_items, "partial_slots": p.slots}
+
+    def plan(self, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
+             num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
+             pos_encoding_mode: str = "NONE", window_left: int = -1,
+             logits_soft_cap: float | None = None, q_data_type="float16", kv_data_type=None,
+             data_type=None, sm_scale: float | None = None, rope_scale: float | None = None,
+             rope_theta: float | None = None, non_blocking: bool = True) -> None:
+        """Schedule a batch: validate the page table, split long requests when the batch is too
+        small to fill the GPU, and copy the work list to the device. Reused by every run()."""
+        if pos_encoding_mode != "NONE":
+            raise ValueError(f"{API}: pos_encoding_mode {pos_encoding_mode!r} is not supported; kiln "
+                             "applies no positional encoding inside attention (apply RoPE to q and k first)")
+        for name, value in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads),
+                            ("head_dim", head_dim), ("page_size", page_size)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{API}.plan: {name} must be a positive int, got {value!r}")
+        if num_qo_heads % num_kv_heads:
+            raise ValueError(f"{API}.plan: num_qo_heads ({num_qo_heads}) must be a multiple of "
+                             f"num_kv_heads ({num_kv_heads})")
+        if logits_soft_cap is not None and not logits_soft_cap > 0:
+            logits_soft_cap = None  # FlashInfer treats 0 as "no soft-cap"
+        q_dtype = _dtype(data_type, None) or _dtype(q_data_type, torch.float16)
+        kv_dtype = _dtype(kv_data_type, q_dtype)
+        if kv_dtype != q_dtype:
+            raise ValueError(f"{API}.plan: kv_data_type {kv_dtype} must equal q_data_type {q_dtype} "
+                             "(mixed-precision caches are not supported yet)")
+        # Resolve (and, the first time, compile) the module now: an unsupported dtype or head_dim
+        # fails at plan, and run() has nothing left to look up.
+        module = _attention.module(q_dtype, head_dim, logits_soft_cap is not None, self._device,
+                                   API + ".plan")
+
+        indptr_h = indptr.to("cpu", torch.int64)
+        last_h = last_page_len.to("cpu", torch.int64)
+        batch = indptr_h.numel() - 1
+        if batch < 0 or last_h.numel() != batch:
+            raise ValueError(f"{API}.plan: indptr has {indptr_h.numel()} entries and last_page_len "
+                             f"{last_h.numel()}; a batch of B requests needs B + 1 and B")
+        pages = indptr_h[1:] - indptr_h[:-1]
+        if batch and (indptr_h[0] != 0 or bool((pages < 0).any())):
+            raise ValueError(f"{API}.plan: indptr must start at 0 and be non-decreasing")
+        if int(indptr_h[-1]) > indices.numel():
+            raise ValueError(f"{API}.plan: indptr[-1] = {int(indptr_h[-1])} but indices has only "
+                             f"{indices.numel()} entries")
+        bad_last = (pages > 0) & ((last_h < 1) | (last_h > page_size))
+        if bool(bad_last.any()):
+            b = int(torch.nonzero(bad_last)[0])
+            raise ValueError(f"{API}.plan: last_page_len[{b}] = {int(last_h[b])} is outside [1, page_size="
+                             f"{page_size}] for a request with pages")
+        kv_len = torch.where(pages > 0, (pages - 1) * page_size + last_h, torch.zeros_like(pages))
+        begin = (kv_len - 1 - window_left).clamp(min=0) if window_left >= 0 else torch.zeros_like(kv_len)
+        units = num_kv_heads * (num_qo_heads // num_kv_heads // _heads_per_cta(num_qo_heads // num_kv_heads))
+        sched = schedule(begin, kv_len, units, _slots(self._device))
+
+        if self._use_cuda_graph:
+            if batch != self._fixed_batch:
+                raise ValueError(f"{API}.plan: batch size {batch} differs from the CUDA-graph buffers' "
+                                 f"{self._fixed_batch}; with use_cuda_graph=True the batch size is fixed")
+            if int(indptr_h[-1]) > self._indices_buf.numel():
+                raise ValueError(f"{API}.plan: {int(indptr_h[-1])} pages exceed paged_kv_indices_buffer "
+                                 f"({self._indices_buf.numel()})")
+            if self._indptr_buf.data_ptr() != indptr.data_ptr():
+                self._indptr_buf.copy_(indptr, non_blocking=non_blocking)
+            nnz = int(indptr_h[-1])
+            if self._indices_buf.data_ptr() != indices.data_ptr():
+                self._indices_buf[:nnz].copy_(indices[:nnz], non_blocking=non_blocking)
+            if self._last_page_len_buf.data_ptr() != last_page_len.data_ptr():
+                self._last_page_len_buf.copy_(last_page_len, non_blocking=non_blocking)
+            indptr_d, indices_d = self._indptr_buf, self._indices_buf
+            work_cap, merge_cap = self._work_capacity, self._merge_capacity
+        else:
+            indptr_d = indptr.to(self._device, torch.int32, non_blocking=non_blocking)
+            indices_d = indices.to(self._device, torch.int32, non_blocking=non_blocking)
+            work_cap, merge_cap = sched.request.numel(), sched.merge_request.numel()
+        if sched.request.numel() > work_cap:
+            raise RuntimeError(f"{API}.plan: {sched.request.numel()} work items exceed the fixed capacity "
+                               f"{work_cap}")
+        work = self._upload_work(sched, work_cap, merge_cap, non_blocking)
+        slots = work_cap if self._use_cuda_graph else sched.num_slots
+        need = slots * num_qo_heads * (head_dim + 1) * 4
+        if need > self._workspace.numel():
+            raise ValueError(f"{API}.plan: float_workspace_buffer has {self._workspace.numel()} bytes; this "
+                             f"plan's split-KV partials need {need} (allocate a larger buffer, e.g. 128 MB)")
+        h, d = num_qo_heads, head_dim
+        fws = self._workspace[: slots * h * (d + 1) * 4].view(torch.float32)
+        partial_out, partial_lse = fws[: slots * h * d].view(slots, h, d), fws[slots * h * d:].view(slots, h)
+        # Everything run() passes that the plan owns is converted to DLPack once, here: the binding
+        # borrows capsules without consuming them, so run() only converts q, the caches and out.
+        fixed = tuple(_jit.dl(t) for t in (indptr_d, indices_d, work["request"], work["begin"], work["end"],
+                                           work["out_index"], work["merge_request"], work["merge_indptr"]))
+        self._plan = _Plan(
+            batch=batch, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+            page_size=page_size, window_left=window_left, soft_cap=logits_soft_cap, q_dtype=q_dtype,
+            kv_dtype=kv_dtype, sm_scale=sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim),
+            indices=indices_d, nnz_pages=int(indptr_h[-1]), chunk=sched.chunk,
+            num_items=sched.request.numel(),
+            slots=slots, module=module, fixed=fixed, partials=(_jit.dl(partial_out), _jit.dl(partial_lse)),
+            keep=(indptr_d, indices_d, work, partial_out, partial_lse),
+        )
+
+    def _upload_work(self, sched, work_cap: int, merge_cap: int, non_blocking: bool) -> dict:
+        """The schedule as int32 device views: padded to the capacities (padding: request -1)."""
+        host = torch.full((4 * work_cap + 2 * merge_cap + 1,), -1, dtype=torch.int32)
+        n, m = sched.request.numel(), sched.merge_request.numel()
+        for k, arr in enumerate((sched.request, sched.token_begin, sched.token_end, sched.out_index)):
+            host[k * work_cap:k * work_cap + n] = arr
+        base = 4 * work_cap
+        host[base:base + m] = sched.merge_request
+        indptr = host[base + merge_cap:]
+        indptr[:m + 1] = sched.merge_indptr
+        indptr[m + 1:] = sched.merge_indptr[-1]  # padded merges cover no slots
+        if self._use_cuda_graph:
+            dev = self._work_buf
+            if self._device.type == "cuda":
+                if self._copy_done is not None:
+                    self._copy_done.synchronize()  # the pinned staging buffer is about to be reused
+                host = host.pin_memory()
+                dev.copy_(host, non_blocking=non_blocking)
+                self._copy_done = torch.cuda.Event()
+                self._copy_done.record()
+            else:
+                dev.copy_(host)
+        else:
+            dev = host.to(self._device, non_blocking=False)
+        views = [dev[k * work_cap:(k + 1) * work_cap] for k in range(4)]
+        return dict(request=views[0], begin=views[1], end=views[2], out_index=views[3],
+                    merge_request=dev[base:base + merge_cap], merge_indptr=dev[base + merge_cap:])
+
+    @logged_api(mutates=("out", "lse"))
+    @traced(attention_traces.BATCH_DECODE)
+    def run(self, q: torch.Tensor, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None,
+            out: torch.Tensor | None = None, lse: torch.Tensor | None = None, return_lse: bool = False,
+            enable_pdl=None, window_left: int | None = None):
+        """Attention of q [batch, num_qo_heads, head_dim] over the planned paged KV cache.
+
+        Returns out [batch, num_qo_heads, head_dim] (q's dtype), and lse [batch, num_qo_heads]
+        (float32, base 2) too when return_lse.
+        """
+        p = self._plan
+        if p is None:
+            raise RuntimeError(f"{API}.run called before plan()")
+        if args or q_scale is not None or k_scale is not None or v_scale is not None:
+            raise ValueError(f"{API}.run: scales and extra positional arguments (fp8 caches) are "
+                             "not supported")
+        if window_left is not None and window_left != p.window_left:
+            raise ValueError(f"{API}.run: window_left={window_left} differs from plan's {p.window_left}")
+        if type(paged_kv_cache) is tuple and len(paged_kv_cache) == 2:
+            k_cache, v_cache = paged_kv_cache
+        else:
+            k_cache, v_cache = _attention.split_cache(paged_kv_cache, API + ".run")
+        # Full plan/run check once per distinct (q, cache) signature; later calls compare one tuple.
+        signature = (q.shape, q.dtype, q.device, k_cache.shape, k_cache.dtype)
+        if signature != p.checked:
+            self._check_run(p, q, k_cache)
+            p.checked = signature
+        if p.nnz_pages and env.get("KILN_VALIDATE_INDICES"):
+            used = p.indices[: p.nnz_pages]
+            lo, hi = int(used.min()), int(used.max())
+            if lo < 0 or hi >= k_cache.shape[0]:
+                raise ValueError(f"{API}.run: page indices span [{lo}, {hi}] but the cache has "
+                                 f"{k_cache.shape[0]} pages")
+        if out is None:
+            out = torch.empty_like(q)
+        if return_lse and lse is None:
+            lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+        if _jit.module_observer is not None:  # API logging: the module the plan chose
+            _jit.module_observer(_attention.LABEL, None, q.device, p.module)
+        to_dl = _jit.dl
+        p.module.decode(to_dl(q), to_dl(k_cache), to_dl(v_cache), self._layout, *p.fixed, to_dl(out),
+                        None if lse is None else to_dl(lse), *p.partials, p.sm_scale,
+                        p.soft_cap if p.soft_cap is not None else 0.0, _jit.stream_of(q.device))
+        return (out, lse) if return_lse else out
+
+    def _check_run(self, p: _Plan, q: torch.Tensor, k_cache: torch.Tensor) -> None:
+        page_size, kv_heads, head_dim = _attention.cache_geometry(k_cache, self._kv_layout, API + ".run")
+        expect = {"q.shape": ([p.batch, p.num_qo_heads, p.head_dim], list(q.shape)),
+                  "q.dtype": (p.q_dtype, q.dtype), "cache dtype": (p.kv_dtype, k_cache.dtype),
+                  "page_size": (p.page_size, page_size), "num_kv_heads": (p.num_kv_heads, kv_heads),
+                  "cache head_dim": (p.head_dim, head_dim), "device": (self._device, q.device)}
+        wrong = [f"{k}: planned {a}, got {b}" for k, (a, b) in expect.items() if a != b]
+        if wrong:
+            raise ValueError(f"{API}.run does not match its plan: {'; '.join(wrong)}")
+
+    forward = run  # FlashInfer's older name
+
+
+def _heads_per_cta(group_size: int) -> int:
+    """The kernel's table (ops/attention/decode.cuh, heads_per_cta): the largest divisor of the GQA
+    group size that fits the MMA's 16 rows."""
+    return next(h for h in range(16, 0, -1) if group_size % h == 0)
+
+
+_single_workspaces: dict[torch.device, torch.Tensor] = {}
+
+
+@logged_api
+@traced(attention_traces.SINGLE_DECODE)
+def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layout: str = "NHD",
+                                pos_encoding_mode: str = "NONE", use_tensor_cores: bool = False,
+                                q_scale=None, k_scale=None, v_scale=None, window_left: int = -1,
+                                logits_soft_cap: float | None = None, sm_scale: float | None = None,
+                                rope_scale=None, rope_theta=None, return_lse: bool = False):
+    """Decode attention of one request: q [num_qo_heads, head_dim] over k, v [kv_len, num_kv_heads,
+    head_dim] (NHD) or [num_kv_heads, kv_len, head_dim] (HND). Long caches are split over the GPU
+    (flash-decoding) exactly as in the batch wrapper. Returns out [num_qo_heads, head_dim] and,
+    with return_lse, lse [num_qo_heads] (float32, base 2)."""
+    api = "single_decode_with_kv_cache"
+    _attention.layout_code(kv_layout, api)
+    if q.dim() != 2 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"{api}: q must be [num_qo_heads, head_dim] and k, v 3-D; got q {list(q.shape)}, "
+                         f"k {list(k.shape)}, v {list(v.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"{api}: k.shape {list(k.shape)} must equal v.shape {list(v.shape)}")
+    kv_len, kv_heads = (k.shape[0], k.shape[1]) if kv_layout == "NHD" else (k.shape[1], k.shape[0])
+    num_qo_heads, head_dim = q.shape
+    if kv_len == 0:
+        out = torch.zeros_like(q)
+        lse = torch.full((num_qo_heads,), -math.inf, dtype=torch.float32, device=q.device)
+        return (out, lse) if return_lse else out
+    workspace = _single_workspaces.get(q.device)
+    if workspace is None:
+        workspace = _single_workspaces[q.device] = torch.empty(32 << 20, dtype=torch.uint8, device=q.device)
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout)
+    dev = q.device
+    wrapper.plan(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0], dtype=torch.int32, device=dev),
+                 torch.tensor([kv_len], dtype=torch.int32), num_qo_heads, kv_heads, head_dim, kv_len,
+                 pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+                 logits_soft_cap=logits_soft_cap,
+                 q_data_type=q.dtype, kv_data_type=k.dtype, sm_scale=sm_scale)
+    result = wrapper.run(q.unsqueeze(0), (k.unsqueeze(0), v.unsqueeze(0)), q_scale=q_scale, k_scale=k_scale,
+                         v_scale=v_scale, return_lse=return_lse)
+    if return_lse:
+        return result[0].squeeze(0), result[1].squeeze(0)
+    return result.squeeze(0)

@@ -1,0 +1,514 @@
+"""Prefill attention (//ops:attention), FlashInfer's names and argument order:
+
+    single_prefill_with_kv_cache(q, k, v, causal=False, kv_layout="NHD", sm_scale=None,
+                                 logits_soft_cap=None, window_left=-1, return_lse=False)
+    BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout="NHD").plan(qo_indptr,
+        paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads,
+        head_dim_qk, page_size, causal=False, ...).run(q, paged_kv_cache)
+    BatchPrefillWithRaggedKVCacheWrapper(float_workspace_buffer, kv_layout="NHD").plan(qo_indptr,
+        kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, causal=False, ...).run(q, k, v)
+
+Queries of all requests are packed: request b's are rows qo_indptr[b]:qo_indptr[b+1] of
+q [total_q, num_qo_heads, head_dim]. Query i of a request with qo_len queries and kv_len keys sits
+at key position i + kv_len - qo_len: with causal=True it sees keys j <= i + kv_len - qo_len (the
+mask aligned to the end, so a prompt continuing a cached prefix attends to all of it), and with
+window_left >= 0 only keys j >= i + kv_len - qo_len - window_left. Logits are q.k * sm_scale
+(default 1/sqrt(head_dim)), soft-capped as cap * tanh(logit / cap) when logits_soft_cap > 0;
+lse = log2(sum exp(logits)) (base 2). A query that sees no key gets out = 0, lse = -inf.
+
+The ragged wrapper takes k, v [total_kv, num_kv_heads, head_dim] (NHD) packed by kv_indptr; it
+runs the paged kernel with one-token pages. plan() reads the index arrays on the host (a sync),
+schedules 64-query tiles longest-first, and is reused by run() for every layer.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from . import _attention, _jit
+from .api_logging import logged_api
+from .trace import attention as attention_traces
+from .trace import traced
+
+QUERIES_PER_ITEM = 64  # ops/attention/attention.h kPrefillQueriesPerItem
+
+
+def _dtype(value, default):
+    if value is None:
+        return default
+    if isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):
+        return getattr(torch, value)
+    raise TypeError(f"not a dtype: {value!r}")
+
+
+def schedule(qo_len: torch.Tensor, kv_len: torch.Tensor, causal: bool):
+    """Work items (request, first query) of QUERIES_PER_ITEM queries, the most work first (the
+    keys an item's last query sees), so long causal tiles of skewed batches start first."""
+    tiles = (qo_len + QUERIES_PER_ITEM - 1) // QUERIES_PER_ITEM
+    request = torch.repeat_interleave(torch.arange(qo_len.numel()), tiles)
+    first = torch.cumsum(tiles, 0) - tiles
+    q_start = (torch.arange(request.numel()) - first[request]) * QUERIES_PER_ITEM
+    if causal:
+        last = torch.minimum(q_start + QUERIES_PER_ITEM, qo_len[request]) - 1
+        work = torch.clamp(
+            torch.minimum(kv_len[request], last + kv_len[request] - qo_len[request] + 1), min=0
+        )
+    else:
+        work = kv_len[request]
+    order = torch.sort(work, descending=True, stable=True).indices
+    return request[order].to(torch.int32), q_start[order].to(torch.int32)
+
+
+class _PrefillPlan:
+    def __init__(
+        self,
+        api,
+        qo_indptr,
+        kv_len_h,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        causal,
+        sm_scale,
+        window_left,
+        logits_soft_cap,
+        q_dtype,
+        kv_dtype,
+        device,
+        pos_encoding_mode,
+        head_dim_vo,
+    ):
+        if pos_encoding_mode != "NONE":
+            raise ValueError(
+                f"{api}.plan: pos_encoding_mode {pos_encoding_mode!r} is not supported; apply "
+                "RoPE to q and k first"
+            )
+        if head_dim_vo is not None and head_dim_vo != head_dim:
+            raise ValueError(f"{api}.plan: head_dim_vo {head_dim_vo} must equal head_dim_qk {head_dim}")
+        for name, value in (
+            ("num_qo_heads", num_qo_heads),
+            ("num_kv_heads", num_kv_heads),
+            ("head_dim", head_dim),
+        ):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{api}.plan: {name} must be a positive int, got {value!r}")
+        if num_qo_heads % num_kv_heads:
+            raise ValueError(
+                f"{api}.plan: num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads "
+                f"({num_kv_heads})"
+            )
+        if kv_dtype != q_dtype:
+            raise ValueError(f"{api}.plan: kv_data_type {kv_dtype} must equal q_data_type {q_dtype}")
+        soft_cap = logits_soft_cap if logits_soft_cap is not None and logits_soft_cap > 0 else None
+        self.module = _attention.module(q_dtype, head_dim, soft_cap is not None, device, api + ".plan")
+        qo_h = qo_indptr.to("cpu", torch.int64)
+        qo_len = qo_h[1:] - qo_h[:-1]
+        if qo_h.numel() < 1 or qo_h[0] != 0 or bool((qo_len < 0).any()):
+            raise ValueError(f"{api}.plan: qo_indptr must start at 0 and be non-decreasing")
+        if kv_len_h.numel() != qo_len.numel():
+            raise ValueError(
+                f"{api}.plan: {qo_len.numel()} requests in qo_indptr but {kv_len_h.numel()} in the "
+                "KV page table"
+            )
+        request, q_start = schedule(qo_len, kv_len_h, causal)
+        self.api, self.device = api, device
+        self.total_q, self.num_qo_heads, self.num_kv_heads, self.head_dim = (
+            int(qo_h[-1]),
+            num_qo_heads,
+            num_kv_heads,
+            head_dim,
+        )
+        self.q_dtype, self.causal, self.window_left, self.soft_cap = q_dtype, causal, window_left, soft_cap
+        self.sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
+        dev = lambda t: t.to(device=device, dtype=torch.int32)  # noqa: E731
+        self.keep = (dev(qo_indptr), dev(kv_len_h), dev(request), dev(q_start))
+        self.fixed = tuple(_jit.dl(t) for t in self.keep)
+        self.num_items = request.numel()
+
+    def run(self, q, k_cache, v_cache, layout, page_tensors, out, lse, return_lse):
+        if (
+            list(q.shape) != [self.total_q, self.num_qo_heads, self.head_dim]
+            or q.dtype != self.q_dtype
+            or q.device != self.device
+        ):
+            raise ValueError(
+                f"{self.api}.run does not match its plan: q is {list(q.shape)} {q.dtype} on "
+                f"{q.device}, planned [{self.total_q}, {self.num_qo_heads}, {self.head_dim}] "
+                f"{self.q_dtype} on {self.device}"
+            )
+        if out is None:
+            out = torch.empty_like(q)
+        if return_lse and lse is None:
+            lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+        qo_indptr, kv_len, request, q_start = self.fixed
+        indptr, indices = page_tensors
+        if _jit.module_observer is not None:  # API logging: the module the plan chose
+            _jit.module_observer(_attention.LABEL, None, q.device, self.module)
+        self.module.prefill(
+            _jit.dl(q),
+            _jit.dl(k_cache),
+            _jit.dl(v_cache),
+            layout,
+            qo_indptr,
+            indptr,
+            indices,
+            kv_len,
+            request,
+            q_start,
+            _jit.dl(out),
+            None if lse is None else _jit.dl(lse),
+            self.sm_scale,
+            self.soft_cap or 0.0,
+            self.causal,
+            self.window_left,
+            _jit.stream_of(q.device),
+        )
+        return (out, lse) if return_lse else out
+
+
+class BatchPrefillWithPagedKVCacheWrapper:
+    """Batch prefill over paged KV caches (the layout of BatchDecodeWithPagedKVCacheWrapper)."""
+
+    API = "BatchPrefillWithPagedKVCacheWrapper"
+
+    def __init__(
+        self,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        qo_indptr_buf=None,
+        paged_kv_indptr_buf=None,
+        paged_kv_indices_buf=None,
+        paged_kv_last_page_len_buf=None,
+        custom_mask_buf=None,
+        mask_indptr_buf=None,
+        backend: str = "auto",
+        jit_args=None,
+    ) -> None:
+        """float_workspace_buffer fixes the device; use_cuda_graph, the *_buf arguments, backend and
+        jit_args are accepted for FlashInfer compatibility (kiln's prefill needs no workspace and
+        has one kernel); a custom mask is not supported."""
+        self._layout = _attention.layout_code(kv_layout, self.API)
+        self._kv_layout = kv_layout
+        if custom_mask_buf is not None:
+            raise ValueError(f"{self.API}: custom masks are not supported")
+        self._device = float_workspace_buffer.device
+        self._plan = None
+
+    def plan(
+        self,
+        qo_indptr: torch.Tensor,
+        paged_kv_indptr: torch.Tensor,
+        paged_kv_indices: torch.Tensor,
+        paged_kv_last_page_len: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim_qk: int,
+        page_size: int,
+        head_dim_vo: int | None = None,
+        custom_mask=None,
+        packed_custom_mask=None,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        sm_scale: float | None = None,
+        window_left: int = -1,
+        logits_soft_cap: float | None = None,
+        rope_scale=None,
+        rope_theta=None,
+        q_data_type="float16",
+        kv_data_type=None,
+        non_blocking: bool = True,
+    ) -> None:
+        if custom_mask is not None or packed_custom_mask is not None:
+            raise ValueError(f"{self.API}.plan: custom masks are not supported")
+        if not isinstance(page_size, int) or page_size < 1:
+            raise ValueError(f"{self.API}.plan: page_size must be a positive int, got {page_size!r}")
+        indptr_h = paged_kv_indptr.to("cpu", torch.int64)
+        last_h = paged_kv_last_page_len.to("cpu", torch.int64)
+        pages = indptr_h[1:] - indptr_h[:-1]
+        if last_h.numel() != pages.numel() or bool((pages < 0).any()):
+            raise ValueError(
+                f"{self.API}.plan: paged_kv_indptr must be non-decreasing with one entry more "
+                "than paged_kv_last_page_len"
+            )
+        bad = (pages > 0) & ((last_h < 1) | (last_h > page_size))
+        if bool(bad.any()):
+            b = int(torch.nonzero(bad)[0])
+            raise ValueError(
+                f"{self.API}.plan: paged_kv_last_page_len[{b}] = {int(last_h[b])} is outside "
+                f"[1, page_size={page_size}]"
+            )
+        kv_len = torch.where(pages > 0, (pages - 1) * page_size + last_h, torch.zeros_like(pages))
+        q_dtype = _dtype(q_data_type, torch.float16)
+        self._plan = _PrefillPlan(
+            self.API,
+            qo_indptr,
+            kv_len,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim_qk,
+            causal,
+            sm_scale,
+            window_left,
+            logits_soft_cap,
+            q_dtype,
+            _dtype(kv_data_type, q_dtype),
+            self._device,
+            pos_encoding_mode,
+            head_dim_vo,
+        )
+        self._pages = (
+            paged_kv_indptr.to(self._device, torch.int32),
+            paged_kv_indices.to(self._device, torch.int32),
+        )
+        self._page_dl = tuple(_jit.dl(t) for t in self._pages)
+        self._page_size = page_size
+
+    @logged_api(mutates=("out", "lse"))
+    @traced(attention_traces.BATCH_PREFILL)
+    def run(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache,
+        *args,
+        q_scale=None,
+        k_scale=None,
+        v_scale=None,
+        out: torch.Tensor | None = None,
+        lse: torch.Tensor | None = None,
+        return_lse: bool = False,
+        enable_pdl=None,
+        window_left: int | None = None,
+    ):
+        """out [total_q, num_qo_heads, head_dim] (and lse [total_q, num_qo_heads] with return_lse)."""
+        if self._plan is None:
+            raise RuntimeError(f"{self.API}.run called before plan()")
+        if args or q_scale is not None or k_scale is not None or v_scale is not None:
+            raise ValueError(f"{self.API}.run: fp8 scales are not supported")
+        if window_left is not None and window_left != self._plan.window_left:
+            raise ValueError(
+                f"{self.API}.run: window_left={window_left} differs from plan's {self._plan.window_left}"
+            )
+        k_cache, v_cache = _attention.split_cache(paged_kv_cache, self.API + ".run")
+        page_size, kv_heads, head_dim = _attention.cache_geometry(k_cache, self._kv_layout, self.API + ".run")
+        if (page_size, kv_heads, head_dim) != (self._page_size, self._plan.num_kv_heads, self._plan.head_dim):
+            raise ValueError(
+                f"{self.API}.run does not match its plan: cache has page_size {page_size}, "
+                f"{kv_heads} kv heads, head_dim {head_dim}; planned {self._page_size}, "
+                f"{self._plan.num_kv_heads}, {self._plan.head_dim}"
+            )
+        return self._plan.run(q, k_cache, v_cache, self._layout, self._page_dl, out, lse, return_lse)
+
+    forward = run
+
+
+class BatchPrefillWithRaggedKVCacheWrapper:
+    """Batch prefill where each request's keys and values are contiguous rows of k, v."""
+
+    API = "BatchPrefillWithRaggedKVCacheWrapper"
+
+    def __init__(
+        self,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        qo_indptr_buf=None,
+        kv_indptr_buf=None,
+        custom_mask_buf=None,
+        mask_indptr_buf=None,
+        backend: str = "auto",
+        jit_args=None,
+    ) -> None:
+        if kv_layout != "NHD":
+            raise ValueError(f"{self.API}: kv_layout must be 'NHD' (k, v [total_kv, num_kv_heads, head_dim])")
+        if custom_mask_buf is not None:
+            raise ValueError(f"{self.API}: custom masks are not supported")
+        self._device = float_workspace_buffer.device
+        self._plan = None
+
+    def plan(
+        self,
+        qo_indptr: torch.Tensor,
+        kv_indptr: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim_qk: int,
+        head_dim_vo: int | None = None,
+        custom_mask=None,
+        packed_custom_mask=None,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        window_left: int = -1,
+        logits_soft_cap: float | None = None,
+        sm_scale: float | None = None,
+        rope_scale=None,
+        rope_theta=None,
+        q_data_type="float16",
+        kv_data_type=None,
+        non_blocking: bool = True,
+    ) -> None:
+        if custom_mask is not None or packed_custom_mask is not None:
+            raise ValueError(f"{self.API}.plan: custom masks are not supported")
+        kv_h = kv_indptr.to("cpu", torch.int64)
+        kv_len = kv_h[1:] - kv_h[:-1]
+        if kv_h.numel() < 1 or kv_h[0] != 0 or bool((kv_len < 0).any()):
+            raise ValueError(f"{self.API}.plan: kv_indptr must start at 0 and be non-decreasing")
+        q_dtype = _dtype(q_data_type, torch.float16)
+        self._plan = _PrefillPlan(
+            self.API,
+            qo_indptr,
+            kv_len,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim_qk,
+            causal,
+            sm_scale,
+            window_left,
+            logits_soft_cap,
+            q_dtype,
+            _dtype(kv_data_type, q_dtype),
+            self._device,
+            pos_encoding_mode,
+            head_dim_vo,
+        )
+        # Ragged KV = pages of one token, page b of request r at row kv_indptr[r] + b.
+        self._total_kv = int(kv_h[-1])
+        self._pages = (
+            kv_indptr.to(self._device, torch.int32),
+            torch.arange(self._total_kv, dtype=torch.int32, device=self._device),
+        )
+        self._page_dl = tuple(_jit.dl(t) for t in self._pages)
+
+    @logged_api(mutates=("out", "lse"))
+    @traced(attention_traces.BATCH_PREFILL_RAGGED)
+    def run(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *args,
+        q_scale=None,
+        k_scale=None,
+        v_scale=None,
+        out: torch.Tensor | None = None,
+        lse: torch.Tensor | None = None,
+        return_lse: bool = False,
+        enable_pdl=None,
+    ):
+        """out [total_q, num_qo_heads, head_dim] (and lse [total_q, num_qo_heads] with return_lse)."""
+        if self._plan is None:
+            raise RuntimeError(f"{self.API}.run called before plan()")
+        if args or q_scale is not None or k_scale is not None or v_scale is not None:
+            raise ValueError(f"{self.API}.run: fp8 scales are not supported")
+        expect = [self._total_kv, self._plan.num_kv_heads, self._plan.head_dim]
+        if k.dim() != 3 or list(k.shape) != expect or k.shape != v.shape:
+            raise ValueError(
+                f"{self.API}.run does not match its plan: k {list(k.shape)}, v {list(v.shape)}; "
+                f"planned {expect}"
+            )
+        return self._plan.run(q, k.unsqueeze(1), v.unsqueeze(1), 0, self._page_dl, out, lse, return_lse)
+
+    forward = run
+
+
+@functools.lru_cache(maxsize=64)
+def _single_plan(
+    qo_len,
+    kv_len,
+    num_qo_heads,
+    num_kv_heads,
+    head_dim,
+    causal,
+    sm_scale,
+    window_left,
+    logits_soft_cap,
+    q_dtype,
+    kv_dtype,
+    device,
+    pos_encoding_mode,
+):
+    """The plan of a one-request prefill and its one-page table, kept per shape: a repeated call
+    costs no host scheduling and no host-to-device copies."""
+    plan = _PrefillPlan(
+        "single_prefill_with_kv_cache",
+        torch.tensor([0, qo_len]),
+        torch.tensor([kv_len]),
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        causal,
+        sm_scale,
+        window_left,
+        logits_soft_cap,
+        q_dtype,
+        kv_dtype,
+        device,
+        pos_encoding_mode,
+        None,
+    )
+    pages = (
+        torch.tensor([0, 1], dtype=torch.int32, device=device),
+        torch.zeros(1, dtype=torch.int32, device=device),
+    )
+    plan.keep_pages = pages
+    return plan, tuple(_jit.dl(t) for t in pages)
+
+
+@logged_api
+@traced(attention_traces.SINGLE_PREFILL)
+def single_prefill_with_kv_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    custom_mask=None,
+    packed_custom_mask=None,
+    causal: bool = False,
+    kv_layout: str = "NHD",
+    pos_encoding_mode: str = "NONE",
+    use_fp16_qk_reduction: bool = False,
+    sm_scale: float | None = None,
+    window_left: int = -1,
+    logits_soft_cap: float | None = None,
+    rope_scale=None,
+    rope_theta=None,
+    return_lse: bool = False,
+):
+    """Prefill of one request: q [qo_len, num_qo_heads, head_dim] over k, v [kv_len, num_kv_heads,
+    head_dim] (NHD) or [num_kv_heads, kv_len, head_dim] (HND). Returns out (and lse)."""
+    api = "single_prefill_with_kv_cache"
+    layout = _attention.layout_code(kv_layout, api)
+    if custom_mask is not None or packed_custom_mask is not None:
+        raise ValueError(f"{api}: custom masks are not supported")
+    if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape:
+        raise ValueError(
+            f"{api}: q must be [qo_len, heads, head_dim] and k, v equal 3-D tensors; got q "
+            f"{list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}"
+        )
+    kv_len, kv_heads = (k.shape[0], k.shape[1]) if kv_layout == "NHD" else (k.shape[1], k.shape[0])
+    plan, pages = _single_plan(
+        q.shape[0],
+        kv_len,
+        q.shape[1],
+        kv_heads,
+        q.shape[2],
+        causal,
+        sm_scale,
+        window_left,
+        logits_soft_cap,
+        q.dtype,
+        k.dtype,
+        q.device,
+        pos_encoding_mode,
+    )
+    if kv_len == 0:
+        out = torch.zeros_like(q)
+        lse = torch.full(q.shape[:2], -math.inf, dtype=torch.float32, device=q.device)
+        return (out, lse) if return_lse else out
+    return plan.run(q, k.unsqueeze(0), v.unsqueeze(0), layout, pages, None, None, return_lse)

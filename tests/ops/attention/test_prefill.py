@@ -1,0 +1,272 @@
+"""Prefill attention (single, batch paged, batch ragged) against an independent float32 reference
+(a materialised masked softmax), on the host backend always and on CUDA where present: odd
+lengths, causal alignment when qo_len < kv_len, window edges, soft-cap, mixed-length batches with
+empty and one-token requests, paged == ragged == single, property tests and bad inputs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from helpers import device_params
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from paged import make_paged
+
+import kiln
+
+# The kernel rounds P to the dtype for P V and the output once; the reference is float32.
+TOL = {torch.float16: (4e-3, 4e-3), torch.bfloat16: (2.5e-2, 2.5e-2)}
+
+
+def reference(q, k, v, causal=False, window_left=-1, soft_cap=None, sm_scale=None):
+    """q [qo, Hq, D], k/v [kv, Hk, D] -> (out float32, lse base 2)."""
+    qo, hq, d = q.shape
+    kv, hk = k.shape[0], k.shape[1]
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    kf = k.float().repeat_interleave(hq // hk, 1)
+    vf = v.float().repeat_interleave(hq // hk, 1)
+    logits = torch.einsum("ihd,jhd->hij", q.float(), kf) * sm_scale
+    if soft_cap:
+        logits = soft_cap * torch.tanh(logits / soft_cap)
+    pos = torch.arange(qo, device=q.device)[:, None] + kv - qo
+    key = torch.arange(kv, device=q.device)[None, :]
+    visible = torch.ones(qo, kv, dtype=torch.bool, device=q.device)
+    if causal:
+        visible &= key <= pos
+    if window_left >= 0:
+        visible &= key >= pos - window_left
+    logits = logits.masked_fill(~visible, -math.inf)
+    lse = torch.logsumexp(logits, -1)
+    p = torch.softmax(logits, -1).nan_to_num(0.0)
+    out = torch.einsum("hij,jhd->ihd", p, vf)
+    return out, (lse / math.log(2)).transpose(0, 1)
+
+
+def check(out, lse, ref_out, ref_lse, dtype):
+    rtol, atol = TOL[dtype]
+    assert out.isfinite().all()
+    torch.testing.assert_close(out.float(), ref_out, rtol=rtol, atol=atol)
+    if lse is not None:
+        finite = ref_lse.isfinite()
+        assert torch.equal(lse.isfinite(), finite)
+        torch.testing.assert_close(lse[finite], ref_lse[finite], rtol=1e-3, atol=1e-3)
+
+
+def rand(shape, dtype, device, gen):
+    return torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize(
+    "qo,kv",
+    [(1, 1), (7, 7), (63, 63), (127, 300), (257, 257), (1023, 1023), (4099, 4099), (5, 1023), (100, 40)],
+    ids=lambda v: str(v),
+)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_single_prefill(device, dtype, qo, kv, causal):
+    if device == "cpu" and qo * kv > 300_000:
+        pytest.skip("long sequences run on the GPU; the host backend is checked at shorter ones")
+    gen = torch.Generator().manual_seed(qo * 7 + kv)
+    q, k, v = (
+        rand((qo, 8, 128), dtype, device, gen),
+        rand((kv, 2, 128), dtype, device, gen),
+        rand((kv, 2, 128), dtype, device, gen),
+    )
+    out, lse = kiln.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=True)
+    check(out, lse, *reference(q, k, v, causal), dtype)
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize(
+    "window_left,soft_cap,sm_scale",
+    [(-1, None, 0.07), (0, None, None), (31, None, None), (64, 30.0, None), (-1, 50.0, None)],
+)
+def test_head_dims_window_soft_cap(device, head_dim, window_left, soft_cap, sm_scale):
+    gen = torch.Generator().manual_seed(head_dim + window_left)
+    q = (2 * torch.randn(150, 4, head_dim, generator=gen)).to(device=device, dtype=torch.float16)
+    k, v = (
+        rand((180, 4, head_dim), torch.float16, device, gen),
+        rand((180, 4, head_dim), torch.float16, device, gen),
+    )
+    out, lse = kiln.single_prefill_with_kv_cache(
+        q,
+        k,
+        v,
+        causal=True,
+        window_left=window_left,
+        logits_soft_cap=soft_cap,
+        sm_scale=sm_scale,
+        return_lse=True,
+    )
+    check(out, lse, *reference(q, k, v, True, window_left, soft_cap, sm_scale), torch.float16)
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_paged_equals_ragged_equals_single_on_mixed_batches(device, layout):
+    """Mixed lengths with an empty request, a one-query request, qo_len < kv_len; shuffled pages."""
+    gen = torch.Generator().manual_seed(23)
+    hq, hk, d, page = 8, 2, 64, 16
+    qo_lens, kv_lens = [70, 1, 0, 200, 33], [90, 1, 0, 200, 130]
+    batch = make_paged(kv_lens, page, hk, d, torch.bfloat16, device, layout, gen=gen)
+    qo_indptr = torch.tensor([0] + list(torch.tensor(qo_lens).cumsum(0)), dtype=torch.int32)
+    q = rand((sum(qo_lens), hq, d), torch.bfloat16, device, gen)
+    ws = torch.empty(1 << 20, dtype=torch.uint8, device=device)
+    paged = kiln.BatchPrefillWithPagedKVCacheWrapper(ws, layout)
+    paged.plan(
+        qo_indptr,
+        batch.indptr,
+        batch.indices,
+        batch.last_page_len,
+        hq,
+        hk,
+        d,
+        page,
+        causal=True,
+        q_data_type=torch.bfloat16,
+    )
+    out_p, lse_p = paged.run(q, (batch.k_cache, batch.v_cache), return_lse=True)
+    ks = [batch.keys(b)[0] for b in range(5)]
+    vs = [batch.keys(b)[1] for b in range(5)]
+    kv_indptr = torch.tensor([0] + list(torch.tensor(kv_lens).cumsum(0)), dtype=torch.int32)
+    ragged = kiln.BatchPrefillWithRaggedKVCacheWrapper(ws)
+    ragged.plan(qo_indptr, kv_indptr, hq, hk, d, causal=True, q_data_type=torch.bfloat16)
+    out_r = ragged.run(q, torch.cat(ks).contiguous(), torch.cat(vs).contiguous())
+    assert torch.equal(out_p, out_r)  # the same kernel over the same keys
+    for b in range(5):
+        lo, hi = int(qo_indptr[b]), int(qo_indptr[b + 1])
+        if hi == lo:
+            continue
+        ref_out, ref_lse = reference(q[lo:hi], ks[b], vs[b], causal=True)
+        check(out_p[lo:hi], lse_p[lo:hi], ref_out, ref_lse, torch.bfloat16)
+        single = kiln.single_prefill_with_kv_cache(q[lo:hi], ks[b], vs[b], causal=True)
+        assert torch.equal(single, out_p[lo:hi])
+
+
+def test_schedule_covers_every_query_once_longest_first():
+    from kiln.prefill import QUERIES_PER_ITEM, schedule
+
+    qo, kv = torch.tensor([130, 0, 64, 1]), torch.tensor([130, 5, 1000, 1])
+    request, q_start = schedule(qo, kv, causal=True)
+    covered = sorted(
+        (int(r), int(s) + i)
+        for r, s in zip(request, q_start, strict=True)
+        for i in range(QUERIES_PER_ITEM)
+        if int(s) + i < int(qo[int(r)])
+    )
+    assert covered == [(b, i) for b in range(4) for i in range(int(qo[b]))]
+    assert int(request[0]) == 2  # the item that sees the most keys first
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lens=st.lists(st.tuples(st.integers(0, 90), st.integers(0, 90)), min_size=1, max_size=4),
+    page=st.integers(1, 20),
+    causal=st.booleans(),
+    window=st.sampled_from([-1, 0, 9]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_property_host(lens, page, causal, window, seed):
+    qo_lens = [a for a, _ in lens]
+    kv_lens = [max(a, b) if causal else b for a, b in lens]
+    gen = torch.Generator().manual_seed(seed)
+    batch = make_paged(kv_lens, page, 2, 64, torch.float16, "cpu", gen=gen)
+    qo_indptr = torch.tensor([0] + list(torch.tensor(qo_lens).cumsum(0)), dtype=torch.int32)
+    q = rand((sum(qo_lens), 4, 64), torch.float16, "cpu", gen)
+    w = kiln.BatchPrefillWithPagedKVCacheWrapper(torch.empty(16, dtype=torch.uint8))
+    w.plan(
+        qo_indptr,
+        batch.indptr,
+        batch.indices,
+        batch.last_page_len,
+        4,
+        2,
+        64,
+        page,
+        causal=causal,
+        window_left=window,
+        q_data_type=torch.float16,
+    )
+    out, lse = w.run(q, (batch.k_cache, batch.v_cache), return_lse=True)
+    for b in range(len(lens)):
+        lo, hi = int(qo_indptr[b]), int(qo_indptr[b + 1])
+        if hi > lo:
+            k, v = batch.keys(b)
+            check(out[lo:hi], lse[lo:hi], *reference(q[lo:hi], k, v, causal, window), torch.float16)
+
+
+@pytest.mark.gpu
+@settings(max_examples=25, deadline=None)
+@given(
+    lens=st.lists(st.tuples(st.integers(0, 700), st.integers(0, 700)), min_size=1, max_size=5),
+    page=st.sampled_from([1, 16, 7]),
+    causal=st.booleans(),
+    head_dim=st.sampled_from([64, 128, 256]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_property_cuda(lens, page, causal, head_dim, seed):
+    qo_lens = [a for a, _ in lens]
+    kv_lens = [max(a, b) if causal else b for a, b in lens]
+    gen = torch.Generator().manual_seed(seed)
+    batch = make_paged(kv_lens, page, 2, head_dim, torch.bfloat16, "cuda", gen=gen)
+    qo_indptr = torch.tensor([0] + list(torch.tensor(qo_lens).cumsum(0)), dtype=torch.int32)
+    q = rand((sum(qo_lens), 8, head_dim), torch.bfloat16, "cuda", gen)
+    w = kiln.BatchPrefillWithPagedKVCacheWrapper(torch.empty(16, dtype=torch.uint8, device="cuda"))
+    w.plan(
+        qo_indptr,
+        batch.indptr,
+        batch.indices,
+        batch.last_page_len,
+        8,
+        2,
+        head_dim,
+        page,
+        causal=causal,
+        q_data_type=torch.bfloat16,
+    )
+    out, lse = w.run(q, (batch.k_cache, batch.v_cache), return_lse=True)
+    for b in range(len(lens)):
+        lo, hi = int(qo_indptr[b]), int(qo_indptr[b + 1])
+        if hi > lo:
+            k, v = batch.keys(b)
+            check(out[lo:hi], lse[lo:hi], *reference(q[lo:hi], k, v, causal), torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_bad_inputs(device):
+    gen = torch.Generator().manual_seed(0)
+    q, k = rand((5, 4, 64), torch.float16, device, gen), rand((5, 2, 64), torch.float16, device, gen)
+    with pytest.raises(ValueError, match="custom masks are not supported"):
+        kiln.single_prefill_with_kv_cache(q, k, k, custom_mask=torch.ones(5, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="head_dim 48 is not supported"):
+        kiln.single_prefill_with_kv_cache(q[..., :48], k[..., :48], k[..., :48])
+    with pytest.raises(ValueError, match=r"num_qo_heads \(4\) must be a multiple of num_kv_heads \(3\)"):
+        kiln.single_prefill_with_kv_cache(
+            q, rand((5, 3, 64), torch.float16, device, gen), rand((5, 3, 64), torch.float16, device, gen)
+        )
+    with pytest.raises(ValueError, match="pos_encoding_mode 'ROPE_LLAMA' is not supported"):
+        kiln.single_prefill_with_kv_cache(q, k, k, pos_encoding_mode="ROPE_LLAMA")
+    ws = torch.empty(16, dtype=torch.uint8, device=device)
+    w = kiln.BatchPrefillWithRaggedKVCacheWrapper(ws)
+    with pytest.raises(RuntimeError, match="run called before plan"):
+        w.run(q, k, k)
+    w.plan(
+        torch.tensor([0, 5], dtype=torch.int32),
+        torch.tensor([0, 5], dtype=torch.int32),
+        4,
+        2,
+        64,
+        q_data_type=torch.float16,
+    )
+    with pytest.raises(ValueError, match=r"does not match its plan: k \[4, 2, 64\]"):
+        w.run(q, k[:4], k[:4])
+    with pytest.raises(ValueError, match="does not match its plan: q is"):
+        w.run(q[:4], k, k)
+    with pytest.raises(ValueError, match="qo_indptr must start at 0 and be non-decreasing"):
+        w.plan(
+            torch.tensor([0, 5, 2], dtype=torch.int32), torch.tensor([0, 5, 6], dtype=torch.int32), 4, 2, 64
+        )
