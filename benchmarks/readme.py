@@ -108,6 +108,20 @@ def recorded_command(readme: Path) -> list[str]:
     raise ValueError(f"{readme} has no generated headline block")
 
 
+def recorded_arguments(readme: Path) -> tuple[list[str], int, bool]:
+    """(result files, --rows, --cuda-graph) of the command recorded in the README's block."""
+    words = iter(recorded_command(readme))
+    results, rows, cuda_graph = [], 2, False
+    for word in words:
+        if word == "--rows":
+            rows = int(next(words))
+        elif word == "--cuda-graph":
+            cuda_graph = True
+        else:
+            results.append(word)
+    return results, rows, cuda_graph
+
+
 def generate(results: Sequence[str], readme: Path, rows: int, cuda_graph: bool) -> str:
     args = [*results] + (["--rows", str(rows)] if rows != 2 else [])
     args += ["--cuda-graph"] if cuda_graph else []

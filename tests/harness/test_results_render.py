@@ -36,8 +36,8 @@ def test_results_files_must_hold_records(tmp_path):
 
 def test_readme_headline_block_is_generated_from_the_results():
     path = REPO / "README.md"
-    args = readme.recorded_command(path)
-    expected = readme.generate(args, path, rows=2, cuda_graph=False)
+    files, rows, cuda_graph = readme.recorded_arguments(path)
+    expected = readme.generate(files, path, rows=rows, cuda_graph=cuda_graph)
     text = path.read_text()
     assert expected in text, ("the README's headline block differs from its results; run the "
                               "command recorded in the block")
