@@ -32,23 +32,74 @@ def split_cache(paged_kv_cache, api: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(k_cache, v_cache) from a tuple, or from one [pages, 2, ...] tensor."""
     if isinstance(paged_kv_cache, (tuple, list)):
         if len(paged_kv_cache) != 2:
-            raise ValueError(f"{api}: paged_kv_cache must be (k_cache, v_cache), got "
-                             f"{len(paged_kv_cache)} items")
+            raise ValueError(
+                f"{api}: paged_kv_cache must be (k_cache, v_cache), got {len(paged_kv_cache)} items"
+            )
         return paged_kv_cache[0], paged_kv_cache[1]
     if isinstance(paged_kv_cache, torch.Tensor):
         if paged_kv_cache.dim() != 5 or paged_kv_cache.shape[1] != 2:
-            raise ValueError(f"{api}: a single paged_kv_cache tensor must be [max_num_pages, 2, ...] "
-                             f"(5-D), got shape {list(paged_kv_cache.shape)}")
+            raise ValueError(
+                f"{api}: a single paged_kv_cache tensor must be [max_num_pages, 2, ...] "
+                f"(5-D), got shape {list(paged_kv_cache.shape)}"
+            )
         return paged_kv_cache[:, 0], paged_kv_cache[:, 1]
-    raise TypeError(f"{api}: paged_kv_cache must be a (k_cache, v_cache) tuple or a tensor, got "
-                    f"{type(paged_kv_cache).__name__}")
+    raise TypeError(
+        f"{api}: paged_kv_cache must be a (k_cache, v_cache) tuple or a tensor, got "
+        f"{type(paged_kv_cache).__name__}"
+    )
+
+
+def as_dtype(value, default: torch.dtype | None) -> torch.dtype | None:
+    """A torch dtype from a dtype or its name ("bfloat16"), or `default` for None."""
+    if value is None:
+        return default
+    if isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):
+        return getattr(torch, value)
+    raise TypeError(f"not a dtype: {value!r}")
+
+
+def paged_kv_lengths(
+    indptr: torch.Tensor, last_page_len: torch.Tensor, page_size: int, num_indices: int, api: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(indptr, kv_len) of a page table on the host (int64), after checking it: B + 1 and B
+    entries, indptr from 0 and non-decreasing within the indices, last_page_len in
+    [1, page_size] for requests with pages. Reads the tensors on the host (a sync for GPU ones)."""
+    if not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"{api}: page_size must be a positive int, got {page_size!r}")
+    indptr_h = indptr.to("cpu", torch.int64)
+    last_h = last_page_len.to("cpu", torch.int64)
+    batch = indptr_h.numel() - 1
+    if batch < 0 or last_h.numel() != batch:
+        raise ValueError(
+            f"{api}: indptr has {indptr_h.numel()} entries and last_page_len {last_h.numel()}; a "
+            "batch of B requests needs B + 1 and B"
+        )
+    pages = indptr_h[1:] - indptr_h[:-1]
+    if batch and (indptr_h[0] != 0 or bool((pages < 0).any())):
+        raise ValueError(f"{api}: indptr must start at 0 and be non-decreasing")
+    if int(indptr_h[-1]) > num_indices:
+        raise ValueError(
+            f"{api}: indptr[-1] = {int(indptr_h[-1])} but indices has only {num_indices} entries"
+        )
+    bad = (pages > 0) & ((last_h < 1) | (last_h > page_size))
+    if bool(bad.any()):
+        b = int(torch.nonzero(bad)[0])
+        raise ValueError(
+            f"{api}: last_page_len[{b}] = {int(last_h[b])} is outside [1, page_size={page_size}] "
+            "for a request with pages"
+        )
+    return indptr_h, torch.where(pages > 0, (pages - 1) * page_size + last_h, torch.zeros_like(pages))
 
 
 def cache_geometry(k_cache: torch.Tensor, kv_layout: str, api: str) -> tuple[int, int, int]:
     """(page_size, num_kv_heads, head_dim) of a 4-D cache in `kv_layout`."""
     if k_cache.dim() != 4:
-        raise ValueError(f"{api}: k_cache must be 4-D [pages, page_size, kv_heads, head_dim] (NHD) or "
-                         f"[pages, kv_heads, page_size, head_dim] (HND), got shape {list(k_cache.shape)}")
+        raise ValueError(
+            f"{api}: k_cache must be 4-D [pages, page_size, kv_heads, head_dim] (NHD) or "
+            f"[pages, kv_heads, page_size, head_dim] (HND), got shape {list(k_cache.shape)}"
+        )
     if kv_layout == "NHD":
         return k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     return k_cache.shape[2], k_cache.shape[1], k_cache.shape[3]

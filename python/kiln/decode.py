@@ -74,16 +74,6 @@ class _Plan:
     checked: tuple | None = None
 
 
-def _dtype(value, default: torch.dtype | None = None) -> torch.dtype:
-    if value is None:
-        return default
-    if isinstance(value, torch.dtype):
-        return value
-    if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):
-        return getattr(torch, value)
-    raise TypeError(f"{API}: not a dtype: {value!r}")
-
-
 @functools.cache
 def _slots(device: torch.device) -> int:
     if device.type != "cuda":
@@ -163,7 +153,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise ValueError(f"{API}: pos_encoding_mode {pos_encoding_mode!r} is not supported; kiln "
                              "applies no positional encoding inside attention (apply RoPE to q and k first)")
         for name, value in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads),
-                            ("head_dim", head_dim), ("page_size", page_size)):
+                            ("head_dim", head_dim)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{API}.plan: {name} must be a positive int, got {value!r}")
         if num_qo_heads % num_kv_heads:
@@ -171,8 +161,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
                              f"num_kv_heads ({num_kv_heads})")
         if logits_soft_cap is not None and not logits_soft_cap > 0:
             logits_soft_cap = None  # FlashInfer treats 0 as "no soft-cap"
-        q_dtype = _dtype(data_type, None) or _dtype(q_data_type, torch.float16)
-        kv_dtype = _dtype(kv_data_type, q_dtype)
+        q_dtype = _attention.as_dtype(data_type, None) or _attention.as_dtype(q_data_type, torch.float16)
+        kv_dtype = _attention.as_dtype(kv_data_type, q_dtype)
         if kv_dtype != q_dtype:
             raise ValueError(f"{API}.plan: kv_data_type {kv_dtype} must equal q_data_type {q_dtype} "
                              "(mixed-precision caches are not supported yet)")
@@ -181,24 +171,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         module = _attention.module(q_dtype, head_dim, logits_soft_cap is not None, self._device,
                                    API + ".plan")
 
-        indptr_h = indptr.to("cpu", torch.int64)
-        last_h = last_page_len.to("cpu", torch.int64)
-        batch = indptr_h.numel() - 1
-        if batch < 0 or last_h.numel() != batch:
-            raise ValueError(f"{API}.plan: indptr has {indptr_h.numel()} entries and last_page_len "
-                             f"{last_h.numel()}; a batch of B requests needs B + 1 and B")
-        pages = indptr_h[1:] - indptr_h[:-1]
-        if batch and (indptr_h[0] != 0 or bool((pages < 0).any())):
-            raise ValueError(f"{API}.plan: indptr must start at 0 and be non-decreasing")
-        if int(indptr_h[-1]) > indices.numel():
-            raise ValueError(f"{API}.plan: indptr[-1] = {int(indptr_h[-1])} but indices has only "
-                             f"{indices.numel()} entries")
-        bad_last = (pages > 0) & ((last_h < 1) | (last_h > page_size))
-        if bool(bad_last.any()):
-            b = int(torch.nonzero(bad_last)[0])
-            raise ValueError(f"{API}.plan: last_page_len[{b}] = {int(last_h[b])} is outside [1, page_size="
-                             f"{page_size}] for a request with pages")
-        kv_len = torch.where(pages > 0, (pages - 1) * page_size + last_h, torch.zeros_like(pages))
+        indptr_h, kv_len = _attention.paged_kv_lengths(indptr, last_page_len, page_size, indices.numel(),
+                                                       API + ".plan")
+        batch = kv_len.numel()
         begin = (kv_len - 1 - window_left).clamp(min=0) if window_left >= 0 else torch.zeros_like(kv_len)
         units = num_kv_heads * (num_qo_heads // num_kv_heads // _heads_per_cta(num_qo_heads // num_kv_heads))
         sched = schedule(begin, kv_len, units, _slots(self._device))

@@ -36,16 +36,6 @@ from .trace import traced
 QUERIES_PER_ITEM = 64  # ops/attention/attention.h kPrefillQueriesPerItem
 
 
-def _dtype(value, default):
-    if value is None:
-        return default
-    if isinstance(value, torch.dtype):
-        return value
-    if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):
-        return getattr(torch, value)
-    raise TypeError(f"not a dtype: {value!r}")
-
-
 def schedule(qo_len: torch.Tensor, kv_len: torch.Tensor, causal: bool):
     """Work items (request, first query) of QUERIES_PER_ITEM queries, the most work first (the
     keys an item's last query sees), so long causal tiles of skewed batches start first."""
@@ -227,25 +217,10 @@ class BatchPrefillWithPagedKVCacheWrapper:
     ) -> None:
         if custom_mask is not None or packed_custom_mask is not None:
             raise ValueError(f"{self.API}.plan: custom masks are not supported")
-        if not isinstance(page_size, int) or page_size < 1:
-            raise ValueError(f"{self.API}.plan: page_size must be a positive int, got {page_size!r}")
-        indptr_h = paged_kv_indptr.to("cpu", torch.int64)
-        last_h = paged_kv_last_page_len.to("cpu", torch.int64)
-        pages = indptr_h[1:] - indptr_h[:-1]
-        if last_h.numel() != pages.numel() or bool((pages < 0).any()):
-            raise ValueError(
-                f"{self.API}.plan: paged_kv_indptr must be non-decreasing with one entry more "
-                "than paged_kv_last_page_len"
-            )
-        bad = (pages > 0) & ((last_h < 1) | (last_h > page_size))
-        if bool(bad.any()):
-            b = int(torch.nonzero(bad)[0])
-            raise ValueError(
-                f"{self.API}.plan: paged_kv_last_page_len[{b}] = {int(last_h[b])} is outside "
-                f"[1, page_size={page_size}]"
-            )
-        kv_len = torch.where(pages > 0, (pages - 1) * page_size + last_h, torch.zeros_like(pages))
-        q_dtype = _dtype(q_data_type, torch.float16)
+        _, kv_len = _attention.paged_kv_lengths(
+            paged_kv_indptr, paged_kv_last_page_len, page_size, paged_kv_indices.numel(), self.API + ".plan"
+        )
+        q_dtype = _attention.as_dtype(q_data_type, torch.float16)
         self._plan = _PrefillPlan(
             self.API,
             qo_indptr,
@@ -258,7 +233,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
             window_left,
             logits_soft_cap,
             q_dtype,
-            _dtype(kv_data_type, q_dtype),
+            _attention.as_dtype(kv_data_type, q_dtype),
             self._device,
             pos_encoding_mode,
             head_dim_vo,
@@ -360,7 +335,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         kv_len = kv_h[1:] - kv_h[:-1]
         if kv_h.numel() < 1 or kv_h[0] != 0 or bool((kv_len < 0).any()):
             raise ValueError(f"{self.API}.plan: kv_indptr must start at 0 and be non-decreasing")
-        q_dtype = _dtype(q_data_type, torch.float16)
+        q_dtype = _attention.as_dtype(q_data_type, torch.float16)
         self._plan = _PrefillPlan(
             self.API,
             qo_indptr,
@@ -373,7 +348,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
             window_left,
             logits_soft_cap,
             q_dtype,
-            _dtype(kv_data_type, q_dtype),
+            _attention.as_dtype(kv_data_type, q_dtype),
             self._device,
             pos_encoding_mode,
             head_dim_vo,
