@@ -75,14 +75,22 @@ def paged_decode_inputs(t, axes, dtype, device, gen):
     }
 
 
+def request_kv(paged_kv_cache, indptr, indices, last_page_len, b, page_size, num_kv_heads, head_dim):
+    """Request b's keys and values, [kv_len, num_kv_heads, head_dim] each, from an NHD
+    [pages, 2, page_size, heads, head_dim] cache."""
+    pages = indices[indptr[b] : indptr[b + 1]].long()
+    kv_len = (len(pages) - 1) * page_size + int(last_page_len[b]) if len(pages) else 0
+    return tuple(paged_kv_cache[pages, i].reshape(-1, num_kv_heads, head_dim)[:kv_len] for i in (0, 1))
+
+
 def batch_decode_reference(
     q, paged_kv_cache, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size
 ):
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     for b in range(q.shape[0]):
-        pages = indices[indptr[b] : indptr[b + 1]].long()
-        kv_len = (len(pages) - 1) * page_size + int(last_page_len[b])
-        k, v = (paged_kv_cache[pages, i].reshape(-1, num_kv_heads, head_dim)[:kv_len] for i in (0, 1))
+        k, v = request_kv(
+            paged_kv_cache, indptr, indices, last_page_len, b, page_size, num_kv_heads, head_dim
+        )
         out[b] = attend(q[b], k, v, 1.0 / math.sqrt(head_dim))[0]
     return {"out": out}
 
@@ -504,9 +512,16 @@ def batch_prefill_reference(
 ):
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     for b in range(qo_indptr.numel() - 1):
-        pages = paged_kv_indices[paged_kv_indptr[b] : paged_kv_indptr[b + 1]].long()
-        kv_len = (len(pages) - 1) * page_size + int(paged_kv_last_page_len[b])
-        k, v = (paged_kv_cache[pages, i].reshape(-1, num_kv_heads, head_dim_qk)[:kv_len] for i in (0, 1))
+        k, v = request_kv(
+            paged_kv_cache,
+            paged_kv_indptr,
+            paged_kv_indices,
+            paged_kv_last_page_len,
+            b,
+            page_size,
+            num_kv_heads,
+            head_dim_qk,
+        )
         lo, hi = int(qo_indptr[b]), int(qo_indptr[b + 1])
         out[lo:hi] = prefill_attend(q[lo:hi], k, v, causal)
     return {"out": out}
