@@ -307,17 +307,23 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def run_command(prog: str, ap: argparse.ArgumentParser, argv: list[str] | None) -> int:
+    """Parse and run a subcommand: exit 0 on success, 130 when interrupted, else 1 with the error
+    on stderr ending in one line that says why. Shared by the codegen and release CLIs."""
+    args = ap.parse_args(argv)
     try:
         return args.func(args)
     except KeyboardInterrupt:
-        print("codegen: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # every failure ends in one line that says why
         msg = str(e).strip()
         if "\n" in msg:
             print(msg, file=sys.stderr)
             msg = msg.splitlines()[0]
-        print(f"codegen {args.command}: error: {msg}", file=sys.stderr)
+        print(f"{prog} {args.command}: error: {msg}", file=sys.stderr)
         return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command("codegen", parser(), argv)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from kiln.codegen.batch import build_all
+from kiln.codegen.cli import run_command
 from kiln.codegen.dispatch import released
 from kiln.codegen.graph import load_graph
 from kiln.codegen.specs import compile_spec
@@ -156,16 +157,4 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except KeyboardInterrupt:
-        print("release: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # every failure ends in one line that says why
-        msg = str(e).strip()
-        if "\n" in msg:
-            print(msg, file=sys.stderr)
-            msg = msg.splitlines()[0]
-        print(f"release {args.command}: error: {msg}", file=sys.stderr)
-        return 1
+    return run_command("release", parser(), argv)
