@@ -32,7 +32,8 @@ def _progress(rec: dict) -> None:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    names = list(ROUTINES) if a.routine == "all" else [routine(a.routine).name]
+    names = (list(ROUTINES) if a.routine == "all"
+             else [routine(n.strip()).name for n in a.routine.split(",") if n.strip()])
     device = environment.pick_device(a.device)
     dtype = dtype_name(a.dtype)
     cuda = device.type == "cuda"
@@ -113,7 +114,8 @@ def cmd_plot(a: argparse.Namespace) -> int:
 
 def cmd_readme_table(a: argparse.Namespace) -> int:
     path = Path(a.readme)
-    changed = readme.rewrite(path, readme.generate(a.results, path, a.rows, a.cuda_graph))
+    changed = readme.rewrite(path, readme.generate(a.results, path, a.rows, a.cuda_graph,
+                                                   readme.parse_routines(a.routines)))
     print(f"{path}: {'updated' if changed else 'already up to date'}")
     return 0
 
@@ -123,7 +125,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="check and time routines")
-    run.add_argument("routine", help=f"one of {', '.join(ROUTINES)}, or all")
+    run.add_argument("routine", help=f"one of {', '.join(ROUTINES)}, a comma-separated list "
+                                     "of them (run in that order), or all")
     run.add_argument("--backends", help="comma-separated (default: every backend of the routine)")
     run.add_argument("--dtype", default="bf16", help="bf16, f16, f32 (or torch names); default bf16")
     run.add_argument("--shapes", action="append", default=[],
@@ -164,6 +167,8 @@ def parser() -> argparse.ArgumentParser:
     rt.add_argument("--readme", default=str(REPO / "README.md"))
     rt.add_argument("--rows", type=int, default=2, help="workloads per routine (largest to smallest)")
     rt.add_argument("--cuda-graph", action="store_true", help="use the CUDA-graph results")
+    rt.add_argument("--routines", help="comma-separated routines to show, in that order "
+                                       "(default: every routine in the results)")
     rt.set_defaults(func=cmd_readme_table)
     return p
 

@@ -1,12 +1,15 @@
 """The README's headline table, generated from result files and never typed by hand.
 
     python -m benchmarks readme-table RESULTS... [--readme README.md] [--rows 2] [--cuda-graph]
+                                      [--routines rmsnorm,batch_decode]
 
-rewrites the block between the markers below in README.md: per routine, `--rows` workloads
-spread from the largest to the smallest (by counted bytes) that have a kiln result, with kiln's
-median (and achieved bandwidth, fraction of the measured copy bandwidth) beside each peer's,
-each op linking to its result file. The block records the command that made it, so a test can
-regenerate it and fail when the README and the results disagree.
+rewrites the block between the markers below in README.md: per routine (every routine in the
+results, or the `--routines` named, in that order), `--rows` workloads spread from the largest to
+the smallest (by counted bytes) that have a kiln result, with kiln's median (and achieved
+bandwidth, fraction of the measured copy bandwidth) beside each peer's, each op linking to its
+result file. Compute-bound workloads (kiln nearer the GEMM rate than the copy bandwidth: prefill)
+show TFLOP/s and the fraction of the measured GEMM rate instead. The block records the command
+that made it, so a test can regenerate it and fail when the README and the results disagree.
 """
 
 from __future__ import annotations
@@ -38,11 +41,17 @@ def _us(r: dict[str, Any]) -> str:
 
 
 def block(records: Sequence[dict[str, Any]], readme_dir: Path, command: str, rows: int = 2,
-          cuda_graph: bool = False) -> str:
+          cuda_graph: bool = False, routines: Sequence[str] | None = None) -> str:
     ok = [r for r in records if r["status"] == "ok" and bool(r["timing"].get("cuda_graph")) == cuda_graph]
     if not ok:
         raise ValueError("no successful results in the given files"
                          + (" in CUDA-graph mode" if cuda_graph else " outside CUDA-graph mode"))
+    if routines:
+        missing = [name for name in routines if not any(r["routine"] == name for r in ok)]
+        if missing:
+            raise ValueError(f"no successful results of {', '.join(missing)} in the given files")
+        order = {name: i for i, name in enumerate(routines)}
+        ok = sorted((r for r in ok if r["routine"] in order), key=lambda r: order[r["routine"]])
     backends = ["kiln"] + sorted({r["backend"] for r in ok} - {"kiln"})
     # workload -> backend -> record, per routine, in the order the routines appear
     table: dict[str, dict[tuple, dict[str, dict]]] = {}
@@ -65,7 +74,11 @@ def block(records: Sequence[dict[str, Any]], readme_dir: Path, command: str, row
             if k.get("definition"):
                 shape += f" ({k['definition'].split('/', 1)[1]})"
             kcell = _us(k)
-            if k.get("gbps") is not None:
+            frac_gemm, frac_copy = k.get("fraction_of_gemm_rate"), k.get("fraction_of_copy_bandwidth")
+            if k.get("tflops") is not None and frac_gemm is not None and frac_gemm > (frac_copy or 0):
+                # compute-bound (prefill): the GEMM rate is the ceiling that matters
+                kcell += f" ({k['tflops']:.0f} TFLOP/s, {frac_gemm:.0%} of GEMM)"
+            elif k.get("gbps") is not None:
                 frac = k.get("fraction_of_copy_bandwidth")
                 bw = f"{k['gbps'] / 1e3:.2f} TB/s" if k["gbps"] >= 1e3 else f"{k['gbps']:.0f} GB/s"
                 kcell += f" ({bw}" + (f", {frac:.0%} of copy)" if frac and frac >= 0.01 else ")")
@@ -108,22 +121,33 @@ def recorded_command(readme: Path) -> list[str]:
     raise ValueError(f"{readme} has no generated headline block")
 
 
-def recorded_arguments(readme: Path) -> tuple[list[str], int, bool]:
-    """(result files, --rows, --cuda-graph) of the command recorded in the README's block."""
+def parse_routines(text: str | None) -> list[str] | None:
+    """--routines a,b -> ['a', 'b'] (None: every routine in the results)."""
+    names = [n.strip() for n in (text or "").split(",") if n.strip()]
+    return names or None
+
+
+def recorded_arguments(readme: Path) -> tuple[list[str], int, bool, list[str] | None]:
+    """(result files, --rows, --cuda-graph, --routines) of the command recorded in the README's
+    block."""
     words = iter(recorded_command(readme))
-    results, rows, cuda_graph = [], 2, False
+    results, rows, cuda_graph, routines = [], 2, False, None
     for word in words:
         if word == "--rows":
             rows = int(next(words))
         elif word == "--cuda-graph":
             cuda_graph = True
+        elif word == "--routines":
+            routines = parse_routines(next(words))
         else:
             results.append(word)
-    return results, rows, cuda_graph
+    return results, rows, cuda_graph, routines
 
 
-def generate(results: Sequence[str], readme: Path, rows: int, cuda_graph: bool) -> str:
+def generate(results: Sequence[str], readme: Path, rows: int, cuda_graph: bool,
+             routines: Sequence[str] | None = None) -> str:
     args = [*results] + (["--rows", str(rows)] if rows != 2 else [])
     args += ["--cuda-graph"] if cuda_graph else []
+    args += ["--routines", ",".join(routines)] if routines else []
     command = "python -m benchmarks readme-table " + " ".join(shlex.quote(a) for a in args)
-    return block(load_all(results), readme.resolve().parent, command, rows, cuda_graph)
+    return block(load_all(results), readme.resolve().parent, command, rows, cuda_graph, routines)

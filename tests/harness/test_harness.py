@@ -172,6 +172,18 @@ def test_cli_exit_status_and_errors(capsys):
     assert "routine rmsnorm has no backend 'nope'" in capsys.readouterr().err
     assert cli.main(["run", "nosuch"]) == 2
     assert "no routine named 'nosuch'" in capsys.readouterr().err
+    assert cli.main(["run", "rmsnorm,nosuch", "--device", "cpu"]) == 2  # before measuring anything
+    assert "no routine named 'nosuch'" in capsys.readouterr().err
+
+
+def test_cli_run_takes_a_list_of_routines_in_order(tmp_path):
+    out = tmp_path / "r.jsonl"
+    assert cli.main(["run", "merge_state, rmsnorm", "--device", "cpu", "--backends", "kiln", "--shapes",
+                     "small", "--repeats", "1", "--target-ms", "0.1", "--no-ceilings",
+                     "--output", str(out)]) == 0
+    routines = [json.loads(line)["routine"] for line in out.read_text().splitlines()]
+    assert routines[0] == "merge_state" and routines[-1] == "rmsnorm"
+    assert set(routines) == {"merge_state", "rmsnorm"}
 
 
 def test_shapes_presets_examples_and_ad_hoc():

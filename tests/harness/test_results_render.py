@@ -34,14 +34,31 @@ def test_results_files_must_hold_records(tmp_path):
         results.load(bad)
 
 
+RUN_ALL = REPO / "benchmarks/results/h200-2026-11-30-runall/results.jsonl"
+
+
 def test_readme_headline_block_is_generated_from_the_results():
     path = REPO / "README.md"
-    files, rows, cuda_graph = readme.recorded_arguments(path)
-    expected = readme.generate(files, path, rows=rows, cuda_graph=cuda_graph)
+    files, rows, cuda_graph, routines = readme.recorded_arguments(path)
+    expected = readme.generate(files, path, rows=rows, cuda_graph=cuda_graph, routines=routines)
     text = path.read_text()
     assert expected in text, ("the README's headline block differs from its results; run the "
                               "command recorded in the block")
-    assert f"[rmsnorm]({LEGACY.relative_to(REPO).as_posix()})" in expected
+    # every headline row comes from the harness's `run all` results, not the interim script's
+    link = f"]({RUN_ALL.relative_to(REPO).as_posix()})"
+    assert f"[rmsnorm{link}" in expected and f"[batch_decode{link}" in expected
+    assert "norm_h200.json" not in expected
+
+
+def test_readme_block_routines_filter_order_and_compute_bound_cells(tmp_path):
+    recs = [r for r in results.load(RUN_ALL) if r["routine"] in ("rmsnorm", "single_prefill", "merge_state")]
+    out = readme.block(recs, REPO, "cmd", rows=1, routines=["single_prefill", "rmsnorm"])
+    rows = [line for line in out.splitlines() if line.startswith("| [")]
+    assert [r.split("]")[0] for r in rows] == ["| [single_prefill", "| [rmsnorm"]
+    assert "TFLOP/s" in rows[0] and "of GEMM" in rows[0]  # prefill: compute-bound
+    assert "TB/s" in rows[1] and "of copy" in rows[1]
+    with pytest.raises(ValueError, match="no successful results of batch_decode"):
+        readme.block(recs, REPO, "cmd", routines=["batch_decode"])
 
 
 def test_readme_rewrite_needs_the_markers(tmp_path):
