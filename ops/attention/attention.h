@@ -64,8 +64,8 @@ struct DecodeParams {
 // keys j >= i + kv_len - qo_len - window_left. Queries are packed: request b's are rows
 // qo_indptr[b] .. qo_indptr[b+1] of q/out/lse. Ragged (contiguous per request) KV is the paged
 // case with page_size 1 and identity page indices. A work item is (request, first query of a
-// 64-query tile); the kernel's grid is work items x query heads.
-constexpr int kPrefillQueriesPerItem = 64;  // queries per prefill work item (the plan's tile)
+// 128-query tile); the kernel's grid is work items x query heads.
+constexpr int kPrefillQueriesPerItem = 128;  // queries per prefill work item (the plan's tile)
 
 struct PrefillParams {
   const void* q;  // [total_q, num_qo_heads, head_dim]

@@ -1,14 +1,16 @@
 // Prefill attention on tensor cores (mma.sync m16n8k16, sm80+): kernel and launcher, the
 // FlashAttention-2 scheme over a paged (or ragged: page_size 1) KV cache. See attention.h,
-// PrefillParams, for the contract and the causal/window alignment.
+// PrefillParams, for the contract and the causal/window alignment; docs/perf/prefill.md for the
+// tiling and the measurements behind it.
 //
-// One CTA = one work item (request, 64 consecutive queries) x one query head; four warps own 16
+// One CTA = one work item (request, 128 consecutive queries) x one query head; eight warps own 16
 // queries each (the MMA's rows). KV tiles of TILE tokens are copied by the whole CTA into shared
-// memory (coalesced 16-byte cp.async of whole token rows, XOR-swizzled chunks, two stages: the
-// next tile loads while this one is used) and shared by the warps. Per tile and warp: S = Q K^T
-// (Q fragments stay in registers), scale / soft-cap / causal and window masks, online softmax on
-// the C fragments, P packed to 16 bits as the A operand of O += P V (ldmatrix.trans on V). Tiles
-// entirely outside the causal or window range are never loaded.
+// memory (coalesced 16-byte cp.async of whole token rows, XOR-swizzled chunks, STAGES tiles in
+// flight, the page of every row fetched a tile ahead) and shared by the warps. Per tile and warp:
+// S = Q K^T, soft-cap, masks only on tiles that cross the diagonal, the window edge or the end,
+// online softmax on the C fragments with the scale folded into exp2's FMA, P packed to 16 bits as
+// the A operand of O += P V (ldmatrix.trans on V). Tiles outside the CTA's causal or window range
+// are never loaded; a warp skips the tiles its own queries cannot see.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,31 +28,68 @@
 
 namespace kiln::attention {
 
-constexpr int kPrefillWarps = 4;
+constexpr int kPrefillWarps = 8;
 constexpr int kPrefillThreads = 32 * kPrefillWarps;
 constexpr int kPrefillQueries = 16 * kPrefillWarps;  // queries per CTA (work item)
 static_assert(kPrefillQueries == kPrefillQueriesPerItem, "one CTA serves one plan work item");
 
+// n / d for n < 2^31 with a multiply and a shift (Granlund-Montgomery): the page of a token is
+// computed for every 16-byte copy, and a hardware-less 32-bit division costs ~20 instructions.
+struct FastDiv {
+  uint32_t d = 1, m = 1, s = 0;
+  FastDiv() = default;
+  explicit FastDiv(uint32_t divisor) : d(divisor) {
+    while ((uint64_t{1} << s) < divisor) ++s;
+    m = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << s) - divisor)) / divisor + 1);
+  }
+  __device__ __forceinline__ uint32_t div(uint32_t n) const { return (__umulhi(n, m) + n) >> s; }
+};
+
+// exp2 on the special-function unit (inputs are <= 0 here; -inf gives 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <typename T, int HEAD_DIM>
 struct PrefillShape {
-  static constexpr int CHUNKS = HEAD_DIM * int(sizeof(T)) / 16;
+  static constexpr int CHUNKS = HEAD_DIM * int(sizeof(T)) / 16;  // 16-byte chunks per row
   static constexpr int VEC = 16 / int(sizeof(T));
   static constexpr int TILE = HEAD_DIM >= 256 ? 32 : 64;  // KV tokens per tile (registers for S)
   static constexpr int KSTEPS = HEAD_DIM / 16;
   static constexpr int NTILES = HEAD_DIM / 8;
-  static constexpr int STAGES = 2;
-  static constexpr int kUnits = STAGES * 2 * TILE * CHUNKS;  // 16-byte units of K and V staging
-  static constexpr size_t kSmemBytes = size_t(kUnits) * 16;
+  // Q fragments live in registers up to head_dim 128; at 256 they would push O past the register
+  // file (32 + 128 + 64 per lane), so Q is staged in shared memory and read per k-step.
+  static constexpr bool Q_IN_SMEM = HEAD_DIM >= 256;
+  static constexpr int STAGES = HEAD_DIM >= 256 ? 2 : 3;  // KV tiles in flight
+  static constexpr int ROWS_PER_STEP = kPrefillThreads / CHUNKS;
+  static constexpr int UNITS = TILE * CHUNKS / kPrefillThreads;  // K (and V) copies per thread
+  static constexpr int MIN_BLOCKS = HEAD_DIM <= 64 ? 2 : 1;
+  static constexpr int kKVUnits = STAGES * 2 * TILE * CHUNKS;
+  static constexpr int kQUnits = Q_IN_SMEM ? kPrefillQueries * CHUNKS : 0;
+  static constexpr size_t kSmemBytes = size_t(kKVUnits + kQUnits) * 16;
   static_assert(CHUNKS >= 8, "the swizzle needs at least 8 chunks per row");
-  static_assert((TILE * CHUNKS) % kPrefillThreads == 0, "a tile copies in whole steps");
+  static_assert(kPrefillThreads % CHUNKS == 0 && (TILE * CHUNKS) % kPrefillThreads == 0,
+                "a tile copies in whole steps");
 };
 
+// Chunk `chunk` of row `row` in a swizzled [rows][CHUNKS] tile: the XOR spreads the 8 rows an
+// ldmatrix reads over all banks.
+template <int CHUNKS>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  return row * CHUNKS + (chunk ^ (row & 7));
+}
+
 template <typename T, int HEAD_DIM, bool SOFTCAP>
-__global__ void __launch_bounds__(kPrefillThreads) prefill_paged_kernel(const PrefillParams p) {
+__global__ void __launch_bounds__(kPrefillThreads, (PrefillShape<T, HEAD_DIM>::MIN_BLOCKS))
+    prefill_paged_kernel(const PrefillParams p, const FastDiv page_div) {
   using S = PrefillShape<T, HEAD_DIM>;
   constexpr int CHUNKS = S::CHUNKS, VEC = S::VEC, TILE = S::TILE, KSTEPS = S::KSTEPS, NTILES = S::NTILES;
+  constexpr int STAGES = S::STAGES, UNITS = S::UNITS;
   constexpr int NT = TILE / 8;  // n-tiles of S per tile
   extern __shared__ uint4 smem[];
+  uint4* q_smem = smem + S::kKVUnits;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
 
@@ -63,28 +102,9 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_paged_kernel(const Pr
   const int q0 = p.work_q_start[blockIdx.x];
   const int head = blockIdx.y;
   const int kv_head = head / int(p.num_qo_heads / p.num_kv_heads);
-  const int row0 = q0 + warp * 16;  // this warp's first query
-
-  // Q fragments: rows g, g+8 of the warp's 16 queries (zero past qo_len).
-  uint32_t qa[KSTEPS][4];
-  {
-    const T* q = static_cast<const T*>(p.q) + head * p.q_stride_h;
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int qi = row0 + g + (r & 1) * 8;
-      const T* qrow = q + int64_t(q_begin + qi) * p.q_stride_n;
-#pragma unroll
-      for (int kk = 0; kk < KSTEPS; ++kk) {
-        const int col = kk * 16 + 2 * t + (r >> 1) * 8;
-        qa[kk][r] = qi < qo_len ? *reinterpret_cast<const uint32_t*>(qrow + col) : 0u;
-      }
-    }
-  }
-  float o[NTILES][4];
-#pragma unroll
-  for (int n = 0; n < NTILES; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  float m[2] = {neg_inf(), neg_inf()};
-  float l[2] = {0.0f, 0.0f};
+  const int row0 = q0 + warp * 16;                  // this warp's first query
+  const int row_last = min(row0 + 15, qo_len - 1);  // its last real query (< row0: none)
+  const T* q = static_cast<const T*>(p.q) + head * p.q_stride_h;
 
   // KV range of the CTA: causal stops after the last query's diagonal, a window starts at the
   // first query's window edge (rounded down to a tile).
@@ -98,91 +118,170 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_paged_kernel(const Pr
   const int32_t* pages = kv.page_indices + kv.page_indptr[request];
   const T* k_head = static_cast<const T*>(kv.k) + kv_head * kv.k_head_stride;
   const T* v_head = static_cast<const T*>(kv.v) + kv_head * kv.v_head_stride;
-  const uint32_t page_size = static_cast<uint32_t>(kv.page_size);
 
-  auto issue = [&](int stage, int tile) {
-    const int tile_tok0 = kv_start + tile * TILE;
+  // Copies: thread copies chunk `my_chunk` of rows my_row + u * ROWS_PER_STEP of each tile. The
+  // page of each of those rows is loaded one tile ahead into registers (pg), so the page table's
+  // latency is hidden behind a tile of math instead of stalling every copy.
+  const int my_chunk = threadIdx.x % CHUNKS, my_row = threadIdx.x / CHUNKS;
+  auto load_pages = [&](int tile, int32_t (&pg)[UNITS]) {
+#pragma unroll
+    for (int u = 0; u < UNITS; ++u) {
+      const int tok = kv_start + tile * TILE + my_row + u * S::ROWS_PER_STEP;
+      pg[u] = tok < kv_end ? pages[page_div.div(static_cast<uint32_t>(tok))] : 0;
+    }
+  };
+  auto issue_kv = [&](int stage, int tile, const int32_t (&pg)[UNITS]) {
     uint4* kdst = smem + (stage * 2 + 0) * TILE * CHUNKS;
     uint4* vdst = smem + (stage * 2 + 1) * TILE * CHUNKS;
 #pragma unroll
-    for (int step = 0; step < TILE * CHUNKS / kPrefillThreads; ++step) {
-      const int unit = step * kPrefillThreads + threadIdx.x;
-      const int row = unit / CHUNKS, chunk = unit % CHUNKS;
-      const int tok = tile_tok0 + row;
+    for (int u = 0; u < UNITS; ++u) {
+      const int row = my_row + u * S::ROWS_PER_STEP;
+      const int tok = kv_start + tile * TILE + row;
       const bool valid = tok < kv_end;
       const uint32_t utok = valid ? static_cast<uint32_t>(tok) : 0u;
-      const int64_t page = valid ? pages[utok / page_size] : 0;
-      const int64_t slot = utok % page_size;
-      const int phys = row * CHUNKS + (chunk ^ (row & 7));
-      cp_async_16(kdst + phys, k_head + page * kv.k_page_stride + slot * kv.k_slot_stride + chunk * VEC, valid);
-      cp_async_16(vdst + phys, v_head + page * kv.v_page_stride + slot * kv.v_slot_stride + chunk * VEC, valid);
+      const int64_t slot = utok - page_div.div(utok) * page_div.d;
+      const int64_t page = pg[u];
+      const int phys = swz<CHUNKS>(row, my_chunk);
+      cp_async_16(kdst + phys, k_head + page * kv.k_page_stride + slot * kv.k_slot_stride + my_chunk * VEC, valid);
+      cp_async_16(vdst + phys, v_head + page * kv.v_page_stride + slot * kv.v_slot_stride + my_chunk * VEC, valid);
     }
-    cp_async_commit();
   };
 
-  if (num_tiles > 0) issue(0, 0);
-  const float scale = SOFTCAP ? p.sm_scale / p.soft_cap : p.sm_scale * kLog2e;
+  // Q: fragments in registers (rows g, g+8 of the warp's 16; zero past qo_len), or the CTA's 128
+  // rows staged in shared memory with the first KV tile.
+  uint32_t qa[S::Q_IN_SMEM ? 1 : KSTEPS][4];
+  if constexpr (S::Q_IN_SMEM) {
+    for (int unit = threadIdx.x; unit < kPrefillQueries * CHUNKS; unit += kPrefillThreads) {
+      const int row = unit / CHUNKS, chunk = unit % CHUNKS;
+      const bool valid = q0 + row < qo_len;
+      const T* src = q + int64_t(q_begin + (valid ? q0 + row : 0)) * p.q_stride_n + chunk * VEC;
+      cp_async_16(q_smem + swz<CHUNKS>(row, chunk), src, valid);
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int qi = row0 + g + (r & 1) * 8;
+      const T* qrow = q + int64_t(q_begin + qi) * p.q_stride_n;
+#pragma unroll
+      for (int kk = 0; kk < KSTEPS; ++kk) {
+        const int col = kk * 16 + 2 * t + (r >> 1) * 8;
+        qa[kk][r] = qi < qo_len ? *reinterpret_cast<const uint32_t*>(qrow + col) : 0u;
+      }
+    }
+  }
+
+  float o[NTILES][4];
+#pragma unroll
+  for (int n = 0; n < NTILES; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {neg_inf(), neg_inf()};  // running max, in scaled log2 units
+  float l[2] = {0.0f, 0.0f};
+
+  // Prologue: STAGES - 1 tiles in flight (one commit group each, empty past the end), and the
+  // pages of the next one in registers.
+  int32_t pg[UNITS];
+#pragma unroll
+  for (int j = 0; j < STAGES - 1; ++j) {
+    if (j < num_tiles) {
+      load_pages(j, pg);
+      issue_kv(j, j, pg);
+    }
+    cp_async_commit();
+  }
+  if (STAGES - 1 < num_tiles) load_pages(STAGES - 1, pg);
+
+  // Logits are scaled into log2 units by kfac inside the exp2's FMA; with soft-cap they are
+  // capped (and scaled) first.
+  const float kfac = SOFTCAP ? 1.0f : p.sm_scale * kLog2e;
+  const float cap_in = p.sm_scale / p.soft_cap, cap_out = p.soft_cap * kLog2e;
   const int ld_row = lane % 8, ld_mat = lane / 8;
   const int qi0 = row0 + g, qi1 = row0 + g + 8;  // this lane's two query rows
   for (int tile = 0; tile < num_tiles; ++tile) {
-    if (tile + 1 < num_tiles) {
-      issue((tile + 1) % 2, tile + 1);
-    } else {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // tile `tile` has landed for every warp, and every warp is done with tile - 1
+    {
+      const int next = tile + STAGES - 1;
+      if (next < num_tiles) issue_kv(next % STAGES, next, pg);
       cp_async_commit();
+      if (next + 1 < num_tiles) load_pages(next + 1, pg);
     }
-    cp_async_wait<1>();
-    __syncthreads();  // the whole tile has landed, for every warp
-    const int stage = tile % 2;
+    const int tile_tok0 = kv_start + tile * TILE;
+    const int tile_tok_last = tile_tok0 + TILE - 1;
+    // Warps whose queries see nothing of this tile skip it (the causal diagonal and the window's
+    // lower edge cut the tile range per warp, not only per CTA).
+    bool active = row0 <= row_last;
+    if (p.causal) active = active && tile_tok0 <= row_last + offset;
+    if (p.window_left >= 0) active = active && tile_tok_last >= row0 + offset - p.window_left;
+    if (!active) continue;
+    // Only tiles that cross the end of the keys, the diagonal or the window edge need masks.
+    bool need_mask = tile_tok_last >= kv_end;
+    if (p.causal) need_mask = need_mask || tile_tok_last > row0 + offset;
+    if (p.window_left >= 0) need_mask = need_mask || tile_tok0 < row0 + 15 + offset - p.window_left;
+
+    const int stage = tile % STAGES;
     const uint4* kt = smem + (stage * 2 + 0) * TILE * CHUNKS;
     const uint4* vt = smem + (stage * 2 + 1) * TILE * CHUNKS;
-    const int tile_tok0 = kv_start + tile * TILE;
 
     float s[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < KSTEPS; ++kk) {
+      const uint32_t (&a)[4] = qa[S::Q_IN_SMEM ? 0 : kk];
+      if constexpr (S::Q_IN_SMEM) {
+        const int row = warp * 16 + (ld_mat & 1) * 8 + ld_row, chunk = 2 * kk + (ld_mat >> 1);
+        ldmatrix_x4(qa[0], q_smem + swz<CHUNKS>(row, chunk));
+      }
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         uint32_t b[4];
         const int tok = np * 16 + (ld_mat / 2) * 8 + ld_row, chunk = 2 * kk + ld_mat % 2;
-        ldmatrix_x4(b, kt + tok * CHUNKS + (chunk ^ (tok & 7)));
-        mma_16x8x16<T>(s[2 * np], qa[kk], b[0], b[1]);
-        mma_16x8x16<T>(s[2 * np + 1], qa[kk], b[2], b[3]);
+        ldmatrix_x4(b, kt + swz<CHUNKS>(tok, chunk));
+        mma_16x8x16<T>(s[2 * np], a, b[0], b[1]);
+        mma_16x8x16<T>(s[2 * np + 1], a, b[2], b[3]);
       }
     }
-    float row_max[2] = {neg_inf(), neg_inf()};
+    if constexpr (SOFTCAP) {
 #pragma unroll
-    for (int n = 0; n < NT; ++n) {
+      for (int n = 0; n < NT; ++n)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int key = tile_tok0 + n * 8 + 2 * t + (i & 1);
-        const int qpos = ((i >> 1) ? qi1 : qi0) + offset;
-        bool valid = key < kv_end;
-        if (p.causal) valid = valid && key <= qpos;
-        if (p.window_left >= 0) valid = valid && key >= qpos - p.window_left;
-        float x = s[n][i] * scale;
-        if constexpr (SOFTCAP) x = tanhf(x) * (p.soft_cap * kLog2e);
-        s[n][i] = valid ? x : neg_inf();
-        row_max[i >> 1] = fmaxf(row_max[i >> 1], s[n][i]);
+        for (int i = 0; i < 4; ++i) s[n][i] = tanhf(s[n][i] * cap_in) * cap_out;
+    }
+    if (need_mask) {
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int key = tile_tok0 + n * 8 + 2 * t + (i & 1);
+          const int qpos = ((i >> 1) ? qi1 : qi0) + offset;
+          bool valid = key < kv_end;
+          if (p.causal) valid = valid && key <= qpos;
+          if (p.window_left >= 0) valid = valid && key >= qpos - p.window_left;
+          if (!valid) s[n][i] = neg_inf();
+        }
       }
     }
-    float rescale[2];
+    float m_use[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
-      const float m_new = fmaxf(m[r], row_max[r]);
-      rescale[r] = scale_from(m[r], m_new);
-      l[r] *= rescale[r];
-      m[r] = m_new;
-    }
+      float row_max = neg_inf();
 #pragma unroll
-    for (int n = 0; n < NTILES; ++n) {
-      o[n][0] *= rescale[0];
-      o[n][1] *= rescale[0];
-      o[n][2] *= rescale[1];
-      o[n][3] *= rescale[1];
+      for (int n = 0; n < NT; ++n) row_max = fmaxf(row_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
+      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
+      const float m_new = fmaxf(m[r], row_max * kfac);
+      const float rescale = scale_from(m[r], m_new);
+      l[r] *= rescale;
+      // Past the first tiles the running max rarely moves: skip the O rescale when it moved for
+      // no row of the warp (a vote, so the branch stays uniform).
+      if (__any_sync(0xffffffffu, rescale != 1.0f)) {
+#pragma unroll
+        for (int n = 0; n < NTILES; ++n) {
+          o[n][2 * r] *= rescale;
+          o[n][2 * r + 1] *= rescale;
+        }
+      }
+      m[r] = m_new;
+      m_use[r] = m_new == neg_inf() ? 0.0f : m_new;  // a row with no key yet: exp2(-inf) = 0
     }
     // P V, one k-step (16 tokens = two n-tiles of S) at a time.
 #pragma unroll
@@ -193,7 +292,7 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_paged_kernel(const Pr
         float e[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          e[i] = scale_from(s[2 * ks + h][i], m[i >> 1]);
+          e[i] = fast_exp2(fmaf(s[2 * ks + h][i], kfac, -m_use[i >> 1]));
           l[i >> 1] += e[i];
         }
         pa[2 * h + 0] = pack2<T>(e[0], e[1]);
@@ -203,12 +302,11 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_paged_kernel(const Pr
       for (int np = 0; np < NTILES / 2; ++np) {
         uint32_t b[4];
         const int tok = ks * 16 + (ld_mat % 2) * 8 + ld_row, chunk = 2 * np + ld_mat / 2;
-        ldmatrix_x4_trans(b, vt + tok * CHUNKS + (chunk ^ (tok & 7)));
+        ldmatrix_x4_trans(b, vt + swz<CHUNKS>(tok, chunk));
         mma_16x8x16<T>(o[2 * np], pa, b[0], b[1]);
         mma_16x8x16<T>(o[2 * np + 1], pa, b[2], b[3]);
       }
     }
-    __syncthreads();  // every warp is done with this stage before it is refilled
   }
   cp_async_wait<0>();
 
@@ -248,7 +346,11 @@ Status launch_prefill(const PrefillParams& p, LaunchContext ctx) {
   Status st = cuda_status(allow_smem<kernel>(S::kSmemBytes, device), "prefill: raising the shared-memory limit");
   if (!st.ok()) return st;
   const dim3 grid(static_cast<unsigned>(p.work_capacity), static_cast<unsigned>(p.num_qo_heads));
-  kernel<<<grid, kPrefillThreads, S::kSmemBytes, static_cast<cudaStream_t>(ctx.stream)>>>(p);
+  if (p.kv.page_size <= 0 || p.kv.page_size > (int64_t{1} << 30)) {
+    return Status::Error(1, "prefill: page_size " + std::to_string(p.kv.page_size) + " out of range");
+  }
+  const FastDiv page_div(static_cast<uint32_t>(p.kv.page_size));
+  kernel<<<grid, kPrefillThreads, S::kSmemBytes, static_cast<cudaStream_t>(ctx.stream)>>>(p, page_div);
   return cuda_status(cudaGetLastError(), "prefill kernel launch");
 }
 

@@ -18,7 +18,7 @@ lse = log2(sum exp(logits)) (base 2). A query that sees no key gets out = 0, lse
 
 The ragged wrapper takes k, v [total_kv, num_kv_heads, head_dim] (NHD) packed by kv_indptr; it
 runs the paged kernel with one-token pages. plan() reads the index arrays on the host (a sync),
-schedules 64-query tiles longest-first, and is reused by run() for every layer.
+schedules 128-query tiles longest-first, and is reused by run() for every layer.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from .api_logging import logged_api
 from .trace import attention as attention_traces
 from .trace import traced
 
-QUERIES_PER_ITEM = 64  # ops/attention/attention.h kPrefillQueriesPerItem
+QUERIES_PER_ITEM = 128  # ops/attention/attention.h kPrefillQueriesPerItem
 
 
 def schedule(qo_len: torch.Tensor, kv_len: torch.Tensor, causal: bool):
