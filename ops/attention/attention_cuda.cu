@@ -4,6 +4,7 @@
 #include "ops/attention/merge.cuh"
 #include "ops/attention/page.cuh"
 #include "ops/attention/prefill.cuh"
+#include "ops/attention/prefill_sm90.cuh"
 #include "spec_config.h"
 
 namespace kiln::attention {
@@ -15,7 +16,17 @@ Status decode(const DecodeParams& p, LaunchContext ctx) {
   return launch_decode<T, kHeadDim, spec::soft_cap>(p, ctx);
 }
 
+// The sm90a kernel where the call asks for it and it can serve it (a 9.0a build on a 9.0 device,
+// TMA-compatible strides, a page size it tiles); the FA2 kernel otherwise (documented fallback).
 Status prefill(const PrefillParams& p, LaunchContext ctx) {
+  if (p.kernel == kPrefillKernelFA3 && p.work_capacity > 0) {
+    DeviceGuard guard(ctx.device);
+    int device = 0;
+    cudaGetDevice(&device);
+    if (prefill_sm90_supported<T, kHeadDim, spec::soft_cap>(p, device, nullptr)) {
+      return launch_prefill_sm90<T, kHeadDim, spec::soft_cap>(p, ctx);
+    }
+  }
   return launch_prefill<T, kHeadDim, spec::soft_cap>(p, ctx);
 }
 
