@@ -291,6 +291,7 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
     }
     // O += P V: N / 16 k-steps of 16 keys (16 rows of 128 bytes = 2048 bytes each).
     sm90::fence_regs(o);
+    sm90::fence_regs(pa);
     sm90::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < N / 16; ++ks) {
@@ -300,6 +301,7 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
     sm90::fence_regs(o);
+    sm90::fence_regs(pa);
     sm90::mbar_arrive(&v_empty[s]);
   }
 

@@ -174,6 +174,15 @@ __device__ __forceinline__ void fence_regs(float (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
+// The same for A fragments read from registers by wgmma_rs: they must stay intact until the wait.
+template <int M, int K>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[M][K]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i)
+#pragma unroll
+    for (int j = 0; j < K; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
 // D[64 x N] (+)= A[64 x 16] * B[16 x N] for one warpgroup, f32 accumulators in the m64nNk16
 // fragment (thread t: rows 16*(t/32) + (t%32)/4 (+8), columns 8j + 2*(t%4) (+1)); scale_d = 0
 // overwrites D. wgmma_ss: A and B from shared memory, both K-major. wgmma_rs: A from registers

@@ -3,6 +3,8 @@ caches, and kv_layout names."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import _dtypes, _jit, utils
@@ -31,6 +33,11 @@ def module(dtype: torch.dtype, head_dim: int, soft_cap: bool, device: torch.devi
 PREFILL_BACKENDS = ("auto", "fa2", "fa3")
 
 
+@functools.lru_cache(maxsize=16)
+def _is_sm90(device: torch.device) -> bool:
+    return device.type == "cuda" and utils.compute_capability(device) == (9, 0)
+
+
 def prefill_kernel(backend: str, device: torch.device, api: str) -> int:
     """PrefillParams::kernel for FlashInfer's backend names: "fa2" the mma.sync kernel (every
     family), "fa3" the sm90a kernel (wgmma + TMA, compute capability 9.0 only), "auto" fa3 on a
@@ -38,7 +45,7 @@ def prefill_kernel(backend: str, device: torch.device, api: str) -> int:
     Calls the fa3 kernel cannot tile (page sizes, strides) still run fa2: docs/attention.md."""
     if backend not in PREFILL_BACKENDS:
         raise ValueError(f"{api}: backend must be one of 'auto', 'fa2', 'fa3', got {backend!r}")
-    sm90 = device.type == "cuda" and utils.compute_capability(device) == (9, 0)
+    sm90 = _is_sm90(device)
     if backend == "fa3" and not sm90:
         if device.type == "cuda":
             major, minor = utils.compute_capability(device)
