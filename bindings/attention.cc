@@ -7,7 +7,7 @@
 //          out, lse, partial_out, partial_lse, sm_scale, soft_cap, stream)
 //   prefill(q, k_cache, v_cache, kv_layout, qo_indptr, kv_indptr, kv_indices, kv_len,
 //           work_request, work_q_start, out, lse, sm_scale, soft_cap, causal, window_left,
-//           kernel (0 fa2, 1 fa3), kv_contiguous, stream)
+//           kernel (0 fa2, 1 fa3, 2 fa3 without fallback), kv_contiguous, stream)
 //   merge_states(v, s, out, out_lse, stream)                     v [n, states, heads, dim]
 //   merge_two(a, a_lse, b, b_lse, mask, out, out_lse, stream)    a, b, out [n, heads, dim]
 //   append_paged_kv(key, value, batch_indices, positions, k_cache, v_cache, kv_layout,
@@ -259,8 +259,8 @@ void prefill(py::handle q_obj, py::handle k_obj, py::handle v_obj, int layout, p
   p.soft_cap = static_cast<float>(soft_cap);
   p.causal = causal;
   p.window_left = window_left;
-  if (kernel != kiln::attention::kPrefillKernelFA2 && kernel != kiln::attention::kPrefillKernelFA3)
-    value_error("kernel must be 0 (fa2) or 1 (fa3), got " + std::to_string(kernel));
+  if (kernel < kiln::attention::kPrefillKernelFA2 || kernel > kiln::attention::kPrefillKernelFA3Strict)
+    value_error("kernel must be 0 (fa2), 1 (fa3) or 2 (fa3, no fallback), got " + std::to_string(kernel));
   p.kernel = kernel;
   p.kv_contiguous = kv_contiguous;
   p.kv_num_pages = cache.num_pages;

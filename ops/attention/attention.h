@@ -70,8 +70,9 @@ constexpr int kPrefillQueriesPerItem = 64;  // queries per prefill work item (th
 // Which prefill kernel a call asks for (PrefillParams::kernel). The sm90a kernel serves a call
 // only where prefill_sm90_supported() says so (a 9.0a build on a 9.0 device, 16-byte aligned
 // strides, a page size it can tile); anything else runs the FA2 kernel.
-constexpr int32_t kPrefillKernelFA2 = 0;  // mma.sync, cp.async (sm80+): prefill.cuh
-constexpr int32_t kPrefillKernelFA3 = 1;  // wgmma, TMA, warp-specialised (sm90a): prefill_sm90.cuh
+constexpr int32_t kPrefillKernelFA2 = 0;        // mma.sync, cp.async (sm80+): prefill.cuh
+constexpr int32_t kPrefillKernelFA3 = 1;        // wgmma, TMA, warp-specialised (sm90a): prefill_sm90.cuh
+constexpr int32_t kPrefillKernelFA3Strict = 2;  // FA3, and an error instead of a fallback (tests)
 
 struct PrefillParams {
   const void* q;  // [total_q, num_qo_heads, head_dim]

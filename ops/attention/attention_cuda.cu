@@ -1,5 +1,7 @@
 // //ops:attention, CUDA backend: the entry points of attention.h for this module's dtype,
 // head_dim and soft-cap flag. Copied into the specialisation's generated directory.
+#include <string>
+
 #include "ops/attention/decode.cuh"
 #include "ops/attention/merge.cuh"
 #include "ops/attention/page.cuh"
@@ -18,14 +20,22 @@ Status decode(const DecodeParams& p, LaunchContext ctx) {
 
 // The sm90a kernel where the call asks for it and it can serve it (a 9.0a build on a 9.0 device,
 // TMA-compatible strides, a page size it tiles); the FA2 kernel otherwise (documented fallback).
+// kPrefillKernelFA3Strict (KILN_PREFILL_FA3_STRICT=1) turns a fallback into an error saying why.
 Status prefill(const PrefillParams& p, LaunchContext ctx) {
-  if (p.kernel == kPrefillKernelFA3 && p.work_capacity > 0) {
+  if ((p.kernel == kPrefillKernelFA3 || p.kernel == kPrefillKernelFA3Strict) && p.work_capacity > 0) {
     DeviceGuard guard(ctx.device);
     int device = 0;
     cudaGetDevice(&device);
-    if (prefill_sm90_supported<T, kHeadDim, spec::soft_cap>(p, device, nullptr)) {
+    std::string why;
+    if (prefill_sm90_supported<T, kHeadDim, spec::soft_cap>(p, device, &why)) {
       return launch_prefill_sm90<T, kHeadDim, spec::soft_cap>(p, ctx);
     }
+    static const bool strict = [] {
+      const char* v = std::getenv("KILN_PREFILL_FA3_STRICT");
+      return v != nullptr && v[0] == '1';
+    }();
+    if (strict)
+      return Status::Error(1, "prefill: backend fa3 cannot serve this call (KILN_PREFILL_FA3_STRICT): " + why);
   }
   return launch_prefill<T, kHeadDim, spec::soft_cap>(p, ctx);
 }

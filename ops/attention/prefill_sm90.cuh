@@ -3,13 +3,14 @@
 // attention.h for the causal/window alignment). docs/perf/prefill-sm90.md has the design notes.
 //
 // One CTA = one plan work item (request, 64 queries) x one query head, 256 threads:
-//   warpgroup 0, producer: one thread issues TMA loads (Q once; K and V tiles of BLOCK_N keys into
-//     a STAGES-deep shared-memory ring, "full" mbarriers counting bytes, "empty" mbarriers
-//     counting the consumer's 128 arrivals); the other producer warps retire at once.
-//   warpgroup 1, consumer: S = Q K^T with wgmma (both operands K-major in shared memory, 128-byte
-//     swizzle), scale / soft-cap / masks / online softmax on the accumulator registers, P packed
-//     to 16 bits in registers as the A operand of O += P V (V MN-major, the transpose bit).
-// Two CTAs share an SM for head_dim <= 128 (smem <= 80 KB each, setmaxnreg moves registers from
+//   warpgroup 0, producer: one thread issues TMA loads (K and V tiles of BLOCK_N keys into a
+//     STAGES-deep shared-memory ring, "full" mbarriers counting bytes, "empty" mbarriers counting
+//     the consumer's 128 arrivals; Q too at head_dim 256); the other producer warps retire.
+//   warpgroup 1, consumer: S = Q K^T with wgmma (Q as register A fragments at head_dim <= 128,
+//     else from shared memory; K K-major in shared memory, 128-byte swizzle), scale / soft-cap /
+//     masks / online softmax on the accumulator registers, P packed to 16 bits in registers as the
+//     A operand of O += P V (V MN-major, the transpose bit).
+// Two CTAs share an SM for head_dim <= 128 (96 KB of smem each, setmaxnreg moves registers from
 // the producer to the consumer), so one CTA's softmax overlaps the other's tensor-core work.
 //
 // KV tiles come in TMA boxes of 64 head-dim columns (128 bytes, the swizzle span) by B rows:
@@ -49,18 +50,22 @@ struct Sm90Shape {
   // KV keys per tile: S is 64 x BLOCK_N f32 (BLOCK_N / 2 registers a thread) next to O (HEAD_DIM /
   // 2); 64 for head_dim 128/256 keeps two CTAs per SM (128) and the registers in budget (256).
   static constexpr int BLOCK_N = HEAD_DIM == 64 ? 128 : 64;
-  static constexpr int STAGES = 2;
-  static constexpr int CHUNKS = HEAD_DIM / 64;                        // 128-byte column chunks
-  static constexpr int Q_BYTES = CHUNKS * kSm90Queries * 128;         // 64 rows x 128 B per chunk
-  static constexpr int KV_CHUNK_BYTES = BLOCK_N * 128;                // one chunk of a K or V tile
-  static constexpr int KV_BYTES = CHUNKS * KV_CHUNK_BYTES;            // one K or V tile
-  static constexpr int BAR_OFFSET = Q_BYTES + 2 * STAGES * KV_BYTES;  // mbarriers after the tiles
+  // Q as the A operand from registers (HEAD_DIM / 4 registers a thread, loaded once) halves the
+  // shared-memory reads of S = Q K^T; at head_dim 256 O alone takes 128 registers, so Q stays in
+  // shared memory there (loaded by TMA) and S is an SS wgmma.
+  static constexpr bool Q_IN_REGS = HEAD_DIM <= 128;
+  static constexpr int STAGES = Q_IN_REGS ? 3 : 2;
+  static constexpr int CHUNKS = HEAD_DIM / 64;                                 // 128-byte column chunks
+  static constexpr int Q_BYTES = Q_IN_REGS ? 0 : CHUNKS * kSm90Queries * 128;  // 64 rows x 128 B a chunk
+  static constexpr int KV_CHUNK_BYTES = BLOCK_N * 128;                         // one chunk of a K or V tile
+  static constexpr int KV_BYTES = CHUNKS * KV_CHUNK_BYTES;                     // one K or V tile
+  static constexpr int BAR_OFFSET = Q_BYTES + 2 * STAGES * KV_BYTES;           // mbarriers after the tiles
   static constexpr int NUM_BARS = 1 + 4 * STAGES;
   static constexpr size_t kSmemBytes = size_t(BAR_OFFSET) + NUM_BARS * 8 + 1024;  // + alignment slack
   static constexpr int MIN_BLOCKS = HEAD_DIM <= 128 ? 2 : 1;
   static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 216;  // 40 + 216 = 2 x 128 (the cap)
   static_assert(HEAD_DIM % 64 == 0, "head_dim must be a multiple of 64 (the swizzle span)");
-  static_assert(MIN_BLOCKS == 1 || 2 * kSmemBytes <= 227 * 1024, "two CTAs per SM");
+  static_assert(MIN_BLOCKS == 1 || 2 * (kSmemBytes + 2048) <= 228 * 1024, "two CTAs per SM");
 };
 
 // How a KV tile is cut into TMA boxes (host-chosen, see the header comment).
@@ -128,10 +133,12 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
     sm90::prefetch_tensor_map(&tq);
     sm90::prefetch_tensor_map(&tk);
     sm90::prefetch_tensor_map(&tv);
-    sm90::mbar_arrive_expect_tx(q_full, S::Q_BYTES);
+    if constexpr (!S::Q_IN_REGS) {
+      sm90::mbar_arrive_expect_tx(q_full, S::Q_BYTES);
 #pragma unroll
-    for (int c = 0; c < CHUNKS; ++c) {
-      sm90::tma_load_3d(sq + c * kSm90Queries * 128, &tq, q_full, c * 64, head, q_begin + q0);
+      for (int c = 0; c < CHUNKS; ++c) {
+        sm90::tma_load_3d(sq + c * kSm90Queries * 128, &tq, q_full, c * 64, head, q_begin + q0);
+      }
     }
     const int32_t* pages = p.kv.page_indices + p.kv.page_indptr[request];
     const int num_pages = p.kv.page_indptr[request + 1] - p.kv.page_indptr[request];
@@ -184,6 +191,23 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
   const int g = lane / 4, t = lane % 4;
   const int qi0 = q0 + warp * 16 + g, qi1 = qi0 + 8;  // this thread's two query rows
 
+  // Q as wgmma A fragments (the mma.sync m16n8k16 layout per warp: rows g, g+8; columns 2t, 2t+8
+  // of each 16-wide k-step), zero past qo_len; the same loads as prefill.cuh.
+  uint32_t qa[S::Q_IN_REGS ? HEAD_DIM / 16 : 1][4];
+  if constexpr (S::Q_IN_REGS) {
+    const T* qh = static_cast<const T*>(p.q) + head * p.q_stride_h;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int qi = (r & 1) ? qi1 : qi0;
+      const T* qrow = qh + int64_t(q_begin + qi) * p.q_stride_n;
+#pragma unroll
+      for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+        const int col = kk * 16 + 2 * t + (r >> 1) * 8;
+        qa[kk][r] = qi < qo_len ? *reinterpret_cast<const uint32_t*>(qrow + col) : 0u;
+      }
+    }
+  }
+
   float o[HEAD_DIM / 2];
 #pragma unroll
   for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.0f;
@@ -192,8 +216,9 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
   const float scale = SOFTCAP ? p.sm_scale / p.soft_cap : p.sm_scale * kLog2e;
   const bool zero_tail = !p.kv_contiguous;  // stale rows past kv_len exist only in real pages
   const uint32_t sq_addr = sm90::smem_u32(sq);
+  (void)sq_addr;
 
-  sm90::mbar_wait(q_full, 0);
+  if constexpr (!S::Q_IN_REGS) sm90::mbar_wait(q_full, 0);
   for (int i = 0; i < num_tiles; ++i) {
     const int s = i % STAGES;
     const uint32_t phase = (i / STAGES) & 1;
@@ -208,9 +233,13 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
 #pragma unroll
     for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
       const uint32_t in_chunk = (kk % 4) * 32;
-      const uint64_t da = sm90::smem_desc_sw128(sq_addr + (kk / 4) * kSm90Queries * 128 + in_chunk, 16, 1024);
       const uint64_t db = sm90::smem_desc_sw128(sk_addr + (kk / 4) * S::KV_CHUNK_BYTES + in_chunk, 16, 1024);
-      sm90::wgmma_ss<T, N>(sacc, da, db, kk > 0 ? 1 : 0);
+      if constexpr (S::Q_IN_REGS) {
+        sm90::wgmma_rs<T, N, false>(sacc, qa[kk], db, kk > 0 ? 1 : 0);
+      } else {
+        const uint64_t da = sm90::smem_desc_sw128(sq_addr + (kk / 4) * kSm90Queries * 128 + in_chunk, 16, 1024);
+        sm90::wgmma_ss<T, N>(sacc, da, db, kk > 0 ? 1 : 0);
+      }
     }
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
@@ -296,7 +325,7 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
 #pragma unroll
     for (int ks = 0; ks < N / 16; ++ks) {
       const uint64_t db = sm90::smem_desc_sw128(sv_addr + ks * 16 * 128, S::KV_CHUNK_BYTES, 1024);
-      sm90::wgmma_rs<T, HEAD_DIM>(o, pa[ks], db, 1);
+      sm90::wgmma_rs<T, HEAD_DIM, true>(o, pa[ks], db, 1);
     }
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
@@ -477,6 +506,16 @@ Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx) {
   Status st =
       cuda_status(allow_smem<kernel>(S::kSmemBytes, device), "prefill (sm90a): raising the shared-memory limit");
   if (!st.ok()) return st;
+  // The largest shared-memory carveout, so that two CTAs (2 x ~99 KB) fit an SM at head_dim <= 128;
+  // left to itself the driver may pick a smaller one that holds only one. Once per device.
+  static bool carveout_set[64] = {};
+  if (device >= 0 && device < 64 && !carveout_set[device]) {
+    st = cuda_status(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared),
+        "prefill (sm90a): setting the shared-memory carveout");
+    if (!st.ok()) return st;
+    carveout_set[device] = true;
+  }
   const dim3 grid(static_cast<unsigned>(p.work_capacity), static_cast<unsigned>(p.num_qo_heads));
   kernel<<<grid, kSm90Threads, S::kSmemBytes, static_cast<cudaStream_t>(ctx.stream)>>>(p, tq, tk, tv, boxes);
   return cuda_status(cudaGetLastError(), "prefill (sm90a) kernel launch");

@@ -7,6 +7,8 @@ import functools
 
 import torch
 
+from kiln.runtime import env
+
 from . import _dtypes, _jit, utils
 
 LABEL = "//ops:attention"
@@ -58,7 +60,9 @@ def prefill_kernel(backend: str, device: torch.device, api: str) -> int:
             f"but {device} is {what}; //ops:attention families: {families}; use backend='fa2' or "
             "'auto'"
         )
-    return 1 if backend == "fa3" or (backend == "auto" and sm90) else 0
+    if backend == "fa3" or (backend == "auto" and sm90):
+        return 2 if env.get("KILN_PREFILL_FA3_STRICT") else 1  # 2: an error instead of a fallback
+    return 0
 
 
 def split_cache(paged_kv_cache, api: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,7 +5,9 @@ empty and one-token requests, paged == ragged == single, property tests and bad 
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 
 import pytest
 import torch
@@ -71,6 +73,24 @@ def need_backend(device, backend):
         pytest.skip("backend fa3 runs on compute capability 9.0 GPUs only")
 
 
+@contextlib.contextmanager
+def fa3_strict(backend, served=True):
+    """Where the sm90a kernel should serve the call, build the plan with KILN_PREFILL_FA3_STRICT=1:
+    a silent fallback to fa2 then fails the test instead of passing on the other kernel."""
+    if backend != "fa3" or not served:
+        yield
+        return
+    old = os.environ.get("KILN_PREFILL_FA3_STRICT")
+    os.environ["KILN_PREFILL_FA3_STRICT"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["KILN_PREFILL_FA3_STRICT"]
+        else:
+            os.environ["KILN_PREFILL_FA3_STRICT"] = old
+
+
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 @pytest.mark.parametrize(
@@ -90,7 +110,8 @@ def test_single_prefill(device, dtype, qo, kv, causal, backend):
         rand((kv, 2, 128), dtype, device, gen),
         rand((kv, 2, 128), dtype, device, gen),
     )
-    out, lse = kiln.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=True, backend=backend)
+    with fa3_strict(backend):
+        out, lse = kiln.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=True, backend=backend)
     check(out, lse, *reference(q, k, v, causal), dtype)
 
 
@@ -108,9 +129,10 @@ def test_single_prefill_hnd_and_sliced_heads(backend, head_dim):
         rand((2, 517, head_dim), torch.bfloat16, "cuda", gen),
     )
     for causal in (False, True):
-        out, lse = kiln.single_prefill_with_kv_cache(
-            q, k, v, causal=causal, kv_layout="HND", return_lse=True, backend=backend
-        )
+        with fa3_strict(backend):
+            out, lse = kiln.single_prefill_with_kv_cache(
+                q, k, v, causal=causal, kv_layout="HND", return_lse=True, backend=backend
+            )
         ref = reference(q, k.transpose(0, 1), v.transpose(0, 1), causal)
         check(out, lse, *ref, torch.bfloat16)
 
@@ -130,17 +152,18 @@ def test_head_dims_window_soft_cap(device, head_dim, window_left, soft_cap, sm_s
         rand((180, 4, head_dim), torch.float16, device, gen),
         rand((180, 4, head_dim), torch.float16, device, gen),
     )
-    out, lse = kiln.single_prefill_with_kv_cache(
-        q,
-        k,
-        v,
-        causal=True,
-        window_left=window_left,
-        logits_soft_cap=soft_cap,
-        sm_scale=sm_scale,
-        return_lse=True,
-        backend=backend,
-    )
+    with fa3_strict(backend):
+        out, lse = kiln.single_prefill_with_kv_cache(
+            q,
+            k,
+            v,
+            causal=True,
+            window_left=window_left,
+            logits_soft_cap=soft_cap,
+            sm_scale=sm_scale,
+            return_lse=True,
+            backend=backend,
+        )
     check(out, lse, *reference(q, k, v, True, window_left, soft_cap, sm_scale), torch.float16)
 
 
@@ -162,7 +185,9 @@ def test_paged_equals_ragged_equals_single_on_mixed_batches(device, layout, back
     qo_indptr = torch.tensor([0] + list(torch.tensor(qo_lens).cumsum(0)), dtype=torch.int32)
     q = rand((sum(qo_lens), hq, d), torch.bfloat16, device, gen)
     ws = torch.empty(1 << 20, dtype=torch.uint8, device=device)
-    paged = kiln.BatchPrefillWithPagedKVCacheWrapper(ws, layout, backend=backend)
+    same_kernel = backend == "fa2" or page not in (1, 7)  # else the paged call falls back to fa2
+    with fa3_strict(backend, served=same_kernel):
+        paged = kiln.BatchPrefillWithPagedKVCacheWrapper(ws, layout, backend=backend)
     paged.plan(
         qo_indptr,
         batch.indptr,
@@ -179,10 +204,10 @@ def test_paged_equals_ragged_equals_single_on_mixed_batches(device, layout, back
     ks = [batch.keys(b)[0] for b in range(5)]
     vs = [batch.keys(b)[1] for b in range(5)]
     kv_indptr = torch.tensor([0] + list(torch.tensor(kv_lens).cumsum(0)), dtype=torch.int32)
-    ragged = kiln.BatchPrefillWithRaggedKVCacheWrapper(ws, backend=backend)
+    with fa3_strict(backend):
+        ragged = kiln.BatchPrefillWithRaggedKVCacheWrapper(ws, backend=backend)
     ragged.plan(qo_indptr, kv_indptr, hq, hk, d, causal=True, q_data_type=torch.bfloat16)
     out_r = ragged.run(q, torch.cat(ks).contiguous(), torch.cat(vs).contiguous())
-    same_kernel = backend == "fa2" or page not in (1, 7)  # else the paged call fell back to fa2
     if same_kernel:
         assert torch.equal(out_p, out_r)  # the same kernel over the same keys
     else:
@@ -193,7 +218,8 @@ def test_paged_equals_ragged_equals_single_on_mixed_batches(device, layout, back
             continue
         ref_out, ref_lse = reference(q[lo:hi], ks[b], vs[b], causal=True)
         check(out_p[lo:hi], lse_p[lo:hi], ref_out, ref_lse, torch.bfloat16)
-        single = kiln.single_prefill_with_kv_cache(q[lo:hi], ks[b], vs[b], causal=True, backend=backend)
+        with fa3_strict(backend):
+            single = kiln.single_prefill_with_kv_cache(q[lo:hi], ks[b], vs[b], causal=True, backend=backend)
         if same_kernel:
             assert torch.equal(single, out_p[lo:hi])
 
@@ -268,9 +294,10 @@ def test_property_cuda(backend, lens, page, causal, head_dim, seed):
     batch = make_paged(kv_lens, page, 2, head_dim, torch.bfloat16, "cuda", gen=gen)
     qo_indptr = torch.tensor([0] + list(torch.tensor(qo_lens).cumsum(0)), dtype=torch.int32)
     q = rand((sum(qo_lens), 8, head_dim), torch.bfloat16, "cuda", gen)
-    w = kiln.BatchPrefillWithPagedKVCacheWrapper(
-        torch.empty(16, dtype=torch.uint8, device="cuda"), backend=backend
-    )
+    with fa3_strict(backend, served=page in (16, 64)):  # pages of 1 and 7 fall back to fa2
+        w = kiln.BatchPrefillWithPagedKVCacheWrapper(
+            torch.empty(16, dtype=torch.uint8, device="cuda"), backend=backend
+        )
     w.plan(
         qo_indptr,
         batch.indptr,
