@@ -19,8 +19,9 @@ Status decode(const DecodeParams& p, LaunchContext ctx) {
 }
 
 // The sm90a kernel where the call asks for it and it can serve it (a 9.0a build on a 9.0 device,
-// TMA-compatible strides, a page size it tiles); the FA2 kernel otherwise (documented fallback).
-// kPrefillKernelFA3Strict (KILN_PREFILL_FA3_STRICT=1) turns a fallback into an error saying why.
+// TMA-compatible strides, a page size it tiles, tensor maps the driver accepts); the FA2 kernel
+// otherwise (documented fallback). kPrefillKernelFA3Strict (KILN_PREFILL_FA3_STRICT=1, for tests)
+// turns a fallback into an error that says why.
 Status prefill(const PrefillParams& p, LaunchContext ctx) {
   if ((p.kernel == kPrefillKernelFA3 || p.kernel == kPrefillKernelFA3Strict) && p.work_capacity > 0) {
     DeviceGuard guard(ctx.device);
@@ -28,14 +29,13 @@ Status prefill(const PrefillParams& p, LaunchContext ctx) {
     cudaGetDevice(&device);
     std::string why;
     if (prefill_sm90_supported<T, kHeadDim, spec::soft_cap>(p, device, &why)) {
-      return launch_prefill_sm90<T, kHeadDim, spec::soft_cap>(p, ctx);
+      Status st = launch_prefill_sm90<T, kHeadDim, spec::soft_cap>(p, ctx);
+      if (st.code != kSm90Declined) return st;
+      why = st.message;
     }
-    static const bool strict = [] {
-      const char* v = std::getenv("KILN_PREFILL_FA3_STRICT");
-      return v != nullptr && v[0] == '1';
-    }();
-    if (strict)
-      return Status::Error(1, "prefill: backend fa3 cannot serve this call (KILN_PREFILL_FA3_STRICT): " + why);
+    if (p.kernel == kPrefillKernelFA3Strict) {
+      return Status::Error(1, "prefill: backend fa3 cannot serve this call (KILN_PREFILL_FA3_STRICT=1): " + why);
+    }
   }
   return launch_prefill<T, kHeadDim, spec::soft_cap>(p, ctx);
 }

@@ -69,6 +69,10 @@ struct Sm90Shape {
 };
 
 // How a KV tile is cut into TMA boxes (host-chosen, see the header comment).
+// Status code of launch_prefill_sm90 when it declines a call before launching anything (the
+// driver refused a tensor map): the caller may run the FA2 kernel instead.
+constexpr int kSm90Declined = 0x5390;
+
 struct Sm90KvBoxes {
   int rows;        // B: rows per box
   bool page_axis;  // boxes run along the page axis (ragged: one-token pages)
@@ -474,7 +478,7 @@ Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx) {
   const CUtensorMapDataType dt = sm90_host::tma_dtype<T>();
   const cuuint64_t e = sizeof(T);
   CUtensorMap tq{}, tk{}, tv{};
-  {
+  if constexpr (!S::Q_IN_REGS) {  // else Q is loaded into registers and tq stays unused
     const cuuint64_t dims[3] = {cuuint64_t(HEAD_DIM), cuuint64_t(p.num_qo_heads), cuuint64_t(p.q_rows)};
     const cuuint64_t strides[2] = {cuuint64_t(p.q_stride_h) * e, cuuint64_t(p.q_stride_n) * e};
     const cuuint32_t box[3] = {64, 1, cuuint32_t(kSm90Queries)};
@@ -482,7 +486,7 @@ Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx) {
     if (encode(&tq, dt, 3, const_cast<void*>(p.q), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
-      return Status::Error(1, "prefill (sm90a kernel): cuTensorMapEncodeTiled failed for q");
+      return Status::Error(kSm90Declined, "prefill (sm90a kernel): cuTensorMapEncodeTiled failed for q");
     }
   }
   const PagedKV& kv = p.kv;
@@ -498,8 +502,8 @@ Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx) {
     if (encode(which ? &tv : &tk, dt, 4, const_cast<void*>(which ? kv.v : kv.k), dims, strides, box, estr,
                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
-      return Status::Error(
-          1, std::string("prefill (sm90a kernel): cuTensorMapEncodeTiled failed for ") + (which ? "v" : "k"));
+      return Status::Error(kSm90Declined, std::string("prefill (sm90a kernel): cuTensorMapEncodeTiled failed for ") +
+                                              (which ? "v" : "k"));
     }
   }
   constexpr auto kernel = prefill_sm90_kernel<T, HEAD_DIM, SOFTCAP>;
