@@ -6,7 +6,8 @@
 //          work_token_begin, work_token_end, work_out_index, merge_request, merge_indptr,
 //          out, lse, partial_out, partial_lse, sm_scale, soft_cap, stream)
 //   prefill(q, k_cache, v_cache, kv_layout, qo_indptr, kv_indptr, kv_indices, kv_len,
-//           work_request, work_q_start, out, lse, sm_scale, soft_cap, causal, window_left, stream)
+//           work_request, work_q_start, out, lse, sm_scale, soft_cap, causal, window_left,
+//           kernel (0 fa2, 1 fa3, 2 fa3 without fallback), kv_contiguous, stream)
 //   merge_states(v, s, out, out_lse, stream)                     v [n, states, heads, dim]
 //   merge_two(a, a_lse, b, b_lse, mask, out, out_lse, stream)    a, b, out [n, heads, dim]
 //   append_paged_kv(key, value, batch_indices, positions, k_cache, v_cache, kv_layout,
@@ -98,6 +99,7 @@ const T* ptr(const TensorView& t) {
 struct Cache {
   kiln::attention::PagedKV kv{};
   int64_t num_kv_heads = 0;
+  int64_t num_pages = 0;
 };
 
 Cache paged_cache(py::handle k_obj, py::handle v_obj, int layout, const TensorView& indptr, const TensorView& indices,
@@ -119,6 +121,7 @@ Cache paged_cache(py::handle k_obj, py::handle v_obj, int layout, const TensorVi
   c.kv.v_slot_stride = v.stride(slot_dim);
   c.kv.v_head_stride = v.stride(head_dim);
   c.kv.page_size = k.size(slot_dim);
+  c.num_pages = k.size(0);
   c.kv.page_indptr = ptr<int32_t>(indptr);
   c.kv.page_indices = ptr<int32_t>(indices);
   if (c.kv.page_size < 1) value_error("k_cache has page_size 0 (shape " + k.shape_str() + ")");
@@ -205,7 +208,7 @@ void decode(py::handle q_obj, py::handle k_obj, py::handle v_obj, int layout, py
 void prefill(py::handle q_obj, py::handle k_obj, py::handle v_obj, int layout, py::handle qo_indptr_obj,
              py::handle indptr_obj, py::handle indices_obj, py::handle kv_len_obj, py::handle work_request,
              py::handle work_q_start, py::handle out_obj, py::handle lse_obj, double sm_scale, double soft_cap,
-             bool causal, int window_left, uintptr_t stream) {
+             bool causal, int window_left, int kernel, bool kv_contiguous, uintptr_t stream) {
   const TensorView q = elem_view(q_obj, "q", 3, nullptr);
   const TensorView qo_indptr = index_view(qo_indptr_obj, "qo_indptr", q);
   const TensorView indptr = index_view(indptr_obj, "kv_indptr", q);
@@ -256,6 +259,12 @@ void prefill(py::handle q_obj, py::handle k_obj, py::handle v_obj, int layout, p
   p.soft_cap = static_cast<float>(soft_cap);
   p.causal = causal;
   p.window_left = window_left;
+  if (kernel < kiln::attention::kPrefillKernelFA2 || kernel > kiln::attention::kPrefillKernelFA3Strict)
+    value_error("kernel must be 0 (fa2), 1 (fa3) or 2 (fa3, no fallback), got " + std::to_string(kernel));
+  p.kernel = kernel;
+  p.kv_contiguous = kv_contiguous;
+  p.kv_num_pages = cache.num_pages;
+  p.q_rows = q.size(0);
   kiln::Status s;
   {
     py::gil_scoped_release no_gil;
@@ -399,7 +408,8 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
   m.def("prefill", &prefill, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("kv_layout"),
         py::arg("qo_indptr"), py::arg("kv_indptr"), py::arg("kv_indices"), py::arg("kv_len"), py::arg("work_request"),
         py::arg("work_q_start"), py::arg("out"), py::arg("lse"), py::arg("sm_scale"), py::arg("soft_cap"),
-        py::arg("causal"), py::arg("window_left"), py::arg("stream") = 0);
+        py::arg("causal"), py::arg("window_left"), py::arg("kernel") = 0, py::arg("kv_contiguous") = false,
+        py::arg("stream") = 0);
   m.def("merge_states", &merge_states, py::arg("v"), py::arg("s"), py::arg("out"), py::arg("out_lse"),
         py::arg("stream") = 0);
   m.def("merge_two", &merge_two, py::arg("v_a"), py::arg("s_a"), py::arg("v_b"), py::arg("s_b"), py::arg("mask"),

@@ -83,6 +83,9 @@ _KNOBS = (
     Knob("KILN_VALIDATE_INDICES", "bool", False,
          "Check paged-KV page indices against the cache size on every run (a device sync; for "
          "diagnosis)."),
+    Knob("KILN_PREFILL_FA3_STRICT", "bool", False,
+         "Prefill with backend fa3 (or auto on a 9.0 GPU) fails, saying why, where it would fall "
+         "back to fa2 (for tests of the sm90a kernel)."),
     Knob("CXX", "path", "",
          "The host C++ compiler. Empty: c++, else g++ on PATH."),
     # Precompiled modules and the artifact repository (docs/release.md).

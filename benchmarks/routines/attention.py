@@ -10,6 +10,7 @@ the same paged cache. Bytes counted: K and V of every request once, plus q and o
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -396,8 +397,8 @@ def prefill_flops(axes, dtype):
     return 4 * b * n * n * axes["num_qo_heads"] * axes["head_dim"] // 2
 
 
-def kiln_batch_prefill(inp, ctx):
-    w = kiln.BatchPrefillWithPagedKVCacheWrapper(_workspace(ctx), "NHD")
+def kiln_batch_prefill(inp, ctx, backend="auto"):
+    w = kiln.BatchPrefillWithPagedKVCacheWrapper(_workspace(ctx), "NHD", backend=backend)
     w.plan(
         inp["qo_indptr"],
         inp["paged_kv_indptr"],
@@ -453,7 +454,8 @@ def torch_sdpa_batch_prefill(inp, ctx):
 BATCH_PREFILL = Routine(
     api=kiln.BatchPrefillWithPagedKVCacheWrapper.run,
     backends=(
-        Backend("kiln", kiln_batch_prefill, version=kiln_version),
+        Backend("kiln", kiln_batch_prefill, version=kiln_version),  # auto: fa3 on sm90, else fa2
+        Backend("kiln_fa2", functools.partial(kiln_batch_prefill, backend="fa2"), version=kiln_version),
         Backend("torch_sdpa", torch_sdpa_batch_prefill, version=torch_version),
         Backend(
             "flashinfer", flashinfer_batch_prefill, available=flashinfer_available, version=flashinfer_version
@@ -464,8 +466,8 @@ BATCH_PREFILL = Routine(
 )
 
 
-def kiln_ragged_prefill(inp, ctx):
-    w = kiln.BatchPrefillWithRaggedKVCacheWrapper(_workspace(ctx), "NHD")
+def kiln_ragged_prefill(inp, ctx, backend="auto"):
+    w = kiln.BatchPrefillWithRaggedKVCacheWrapper(_workspace(ctx), "NHD", backend=backend)
     w.plan(
         inp["qo_indptr"],
         inp["kv_indptr"],
@@ -499,7 +501,8 @@ def flashinfer_ragged_prefill(inp, ctx):
 BATCH_PREFILL_RAGGED = Routine(
     api=kiln.BatchPrefillWithRaggedKVCacheWrapper.run,
     backends=(
-        Backend("kiln", kiln_ragged_prefill, version=kiln_version),
+        Backend("kiln", kiln_ragged_prefill, version=kiln_version),  # auto: fa3 on sm90, else fa2
+        Backend("kiln_fa2", functools.partial(kiln_ragged_prefill, backend="fa2"), version=kiln_version),
         Backend(
             "flashinfer",
             flashinfer_ragged_prefill,
@@ -512,9 +515,9 @@ BATCH_PREFILL_RAGGED = Routine(
 )
 
 
-def kiln_single_prefill(inp, ctx):
+def kiln_single_prefill(inp, ctx, backend="auto"):
     q, k, v, causal = inp["q"], inp["k"], inp["v"], inp["causal"]
-    return lambda: kiln.single_prefill_with_kv_cache(q, k, v, causal=causal)
+    return lambda: kiln.single_prefill_with_kv_cache(q, k, v, causal=causal, backend=backend)
 
 
 def torch_sdpa_single_prefill(inp, ctx):
@@ -546,7 +549,8 @@ def fa3_available(device, dtype):
 SINGLE_PREFILL = Routine(
     api=kiln.single_prefill_with_kv_cache,
     backends=(
-        Backend("kiln", kiln_single_prefill, version=kiln_version),
+        Backend("kiln", kiln_single_prefill, version=kiln_version),  # auto: fa3 on sm90, else fa2
+        Backend("kiln_fa2", functools.partial(kiln_single_prefill, backend="fa2"), version=kiln_version),
         Backend("torch_sdpa", torch_sdpa_single_prefill, version=torch_version),
         Backend(
             "flashinfer_fa2",

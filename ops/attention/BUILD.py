@@ -12,5 +12,5 @@ op_library(
         "head_dim": [64, 128, 256],
         "soft_cap": [False, True],
     },
-    archs=["sm80", "sm90", "sm100", "sm120"],
+    archs=["sm80", "sm90a", "sm100", "sm120"],
 )

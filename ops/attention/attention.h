@@ -67,6 +67,13 @@ struct DecodeParams {
 // 128-query tile); the kernel's grid is work items x query heads.
 constexpr int kPrefillQueriesPerItem = 128;  // queries per prefill work item (the plan's tile)
 
+// Which prefill kernel a call asks for (PrefillParams::kernel). The sm90a kernel serves a call
+// only where prefill_sm90_supported() says so (a 9.0a build on a 9.0 device, 16-byte aligned
+// strides, a page size it can tile); anything else runs the FA2 kernel.
+constexpr int32_t kPrefillKernelFA2 = 0;        // mma.sync, cp.async (sm80+): prefill.cuh
+constexpr int32_t kPrefillKernelFA3 = 1;        // wgmma, TMA, warp-specialised (sm90a): prefill_sm90.cuh
+constexpr int32_t kPrefillKernelFA3Strict = 2;  // FA3, and an error instead of a fallback (tests)
+
 struct PrefillParams {
   const void* q;  // [total_q, num_qo_heads, head_dim]
   int64_t q_stride_n, q_stride_h;
@@ -85,6 +92,13 @@ struct PrefillParams {
   float soft_cap;
   bool causal;
   int32_t window_left;  // < 0: no window
+  int32_t kernel;       // kPrefillKernelFA2 or kPrefillKernelFA3
+  // Set by single prefill (one page per request) and the ragged wrapper (one-token pages with
+  // identity indices): each request's keys are consecutive cache rows, which lets the sm90a
+  // kernel load a whole KV tile with one TMA box. Never set for a real paged cache.
+  bool kv_contiguous;
+  int64_t kv_num_pages;  // pages in the cache (the TMA tensor map's extent)
+  int64_t q_rows;        // rows of q (total_q)
 };
 
 struct MergeParams {

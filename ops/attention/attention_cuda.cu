@@ -1,9 +1,12 @@
 // //ops:attention, CUDA backend: the entry points of attention.h for this module's dtype,
 // head_dim and soft-cap flag. Copied into the specialisation's generated directory.
+#include <string>
+
 #include "ops/attention/decode.cuh"
 #include "ops/attention/merge.cuh"
 #include "ops/attention/page.cuh"
 #include "ops/attention/prefill.cuh"
+#include "ops/attention/prefill_sm90.cuh"
 #include "spec_config.h"
 
 namespace kiln::attention {
@@ -15,7 +18,25 @@ Status decode(const DecodeParams& p, LaunchContext ctx) {
   return launch_decode<T, kHeadDim, spec::soft_cap>(p, ctx);
 }
 
+// The sm90a kernel where the call asks for it and it can serve it (a 9.0a build on a 9.0 device,
+// TMA-compatible strides, a page size it tiles, tensor maps the driver accepts); the FA2 kernel
+// otherwise (documented fallback). kPrefillKernelFA3Strict (KILN_PREFILL_FA3_STRICT=1, for tests)
+// turns a fallback into an error that says why.
 Status prefill(const PrefillParams& p, LaunchContext ctx) {
+  if ((p.kernel == kPrefillKernelFA3 || p.kernel == kPrefillKernelFA3Strict) && p.work_capacity > 0) {
+    DeviceGuard guard(ctx.device);
+    int device = 0;
+    cudaGetDevice(&device);
+    std::string why;
+    if (prefill_sm90_supported<T, kHeadDim, spec::soft_cap>(p, device, &why)) {
+      Status st = launch_prefill_sm90<T, kHeadDim, spec::soft_cap>(p, ctx);
+      if (st.code != kSm90Declined) return st;
+      why = st.message;
+    }
+    if (p.kernel == kPrefillKernelFA3Strict) {
+      return Status::Error(1, "prefill: backend fa3 cannot serve this call (KILN_PREFILL_FA3_STRICT=1): " + why);
+    }
+  }
   return launch_prefill<T, kHeadDim, spec::soft_cap>(p, ctx);
 }
 

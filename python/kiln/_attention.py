@@ -3,9 +3,13 @@ caches, and kv_layout names."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from . import _dtypes, _jit
+from kiln.runtime import env
+
+from . import _dtypes, _jit, utils
 
 LABEL = "//ops:attention"
 LAYOUTS = {"NHD": 0, "HND": 1}
@@ -26,6 +30,39 @@ def module(dtype: torch.dtype, head_dim: int, soft_cap: bool, device: torch.devi
         raise ValueError(f"{api}: head_dim {head_dim} is not supported; supported: {', '.join(head_dims)}")
     params = (("dtype", name), ("head_dim", str(head_dim)), ("soft_cap", "true" if soft_cap else "false"))
     return _jit.module_for(LABEL, params, device)
+
+
+PREFILL_BACKENDS = ("auto", "fa2", "fa3")
+
+
+@functools.lru_cache(maxsize=16)
+def _is_sm90(device: torch.device) -> bool:
+    return device.type == "cuda" and utils.compute_capability(device) == (9, 0)
+
+
+def prefill_kernel(backend: str, device: torch.device, api: str) -> int:
+    """PrefillParams::kernel for FlashInfer's backend names: "fa2" the mma.sync kernel (every
+    family), "fa3" the sm90a kernel (wgmma + TMA, compute capability 9.0 only), "auto" fa3 on a
+    9.0 device (its module is always built as 9.0a: BUILD.py declares sm90a) and fa2 elsewhere.
+    Calls the fa3 kernel cannot tile (page sizes, strides) still run fa2: docs/attention.md."""
+    if backend not in PREFILL_BACKENDS:
+        raise ValueError(f"{api}: backend must be one of 'auto', 'fa2', 'fa3', got {backend!r}")
+    sm90 = _is_sm90(device)
+    if backend == "fa3" and not sm90:
+        if device.type == "cuda":
+            major, minor = utils.compute_capability(device)
+            what = f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
+        else:
+            what = "the CPU (host backend)"
+        families = ", ".join(str(f) for f in utils.target_arch_families(LABEL))
+        raise ValueError(
+            f"{api}: backend='fa3' needs a compute capability 9.0 GPU (family sm90a: H100, H200), "
+            f"but {device} is {what}; //ops:attention families: {families}; use backend='fa2' or "
+            "'auto'"
+        )
+    if backend == "fa3" or (backend == "auto" and sm90):
+        return 2 if env.get("KILN_PREFILL_FA3_STRICT") else 1  # 2: an error instead of a fallback
+    return 0
 
 
 def split_cache(paged_kv_cache, api: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -72,6 +72,8 @@ class _PrefillPlan:
         device,
         pos_encoding_mode,
         head_dim_vo,
+        kernel=0,
+        kv_contiguous=False,
     ):
         if pos_encoding_mode != "NONE":
             raise ValueError(
@@ -119,6 +121,7 @@ class _PrefillPlan:
         self.keep = (dev(qo_indptr), dev(kv_len_h), dev(request), dev(q_start))
         self.fixed = tuple(_jit.dl(t) for t in self.keep)
         self.num_items = request.numel()
+        self.kernel, self.kv_contiguous = kernel, kv_contiguous
 
     def run(self, q, k_cache, v_cache, layout, page_tensors, out, lse, return_lse):
         if (
@@ -156,6 +159,8 @@ class _PrefillPlan:
             self.soft_cap or 0.0,
             self.causal,
             self.window_left,
+            self.kernel,
+            self.kv_contiguous,
             _jit.stream_of(q.device),
         )
         return (out, lse) if return_lse else out
@@ -180,14 +185,17 @@ class BatchPrefillWithPagedKVCacheWrapper:
         backend: str = "auto",
         jit_args=None,
     ) -> None:
-        """float_workspace_buffer fixes the device; use_cuda_graph, the *_buf arguments, backend and
-        jit_args are accepted for FlashInfer compatibility (kiln's prefill needs no workspace and
-        has one kernel); a custom mask is not supported."""
+        """float_workspace_buffer fixes the device; use_cuda_graph, the *_buf arguments and jit_args
+        are accepted for FlashInfer compatibility (kiln's prefill needs no workspace); backend is
+        "auto" (fa3 on compute capability 9.0, else fa2), "fa2" or "fa3" (9.0 only; page sizes
+        that neither divide nor are multiples of its KV tile still run fa2). A custom mask is not
+        supported."""
         self._layout = _attention.layout_code(kv_layout, self.API)
         self._kv_layout = kv_layout
         if custom_mask_buf is not None:
             raise ValueError(f"{self.API}: custom masks are not supported")
         self._device = float_workspace_buffer.device
+        self._kernel = _attention.prefill_kernel(backend, self._device, self.API)
         self._plan = None
 
     def plan(
@@ -237,6 +245,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
             self._device,
             pos_encoding_mode,
             head_dim_vo,
+            self._kernel,
         )
         self._pages = (
             paged_kv_indptr.to(self._device, torch.int32),
@@ -305,6 +314,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         if custom_mask_buf is not None:
             raise ValueError(f"{self.API}: custom masks are not supported")
         self._device = float_workspace_buffer.device
+        self._kernel = _attention.prefill_kernel(backend, self._device, self.API)
         self._plan = None
 
     def plan(
@@ -352,6 +362,8 @@ class BatchPrefillWithRaggedKVCacheWrapper:
             self._device,
             pos_encoding_mode,
             head_dim_vo,
+            self._kernel,
+            True,  # one-token pages with identity indices: consecutive rows per request
         )
         # Ragged KV = pages of one token, page b of request r at row kv_indptr[r] + b.
         self._total_kv = int(kv_h[-1])
@@ -408,6 +420,7 @@ def _single_plan(
     kv_dtype,
     device,
     pos_encoding_mode,
+    kernel,
 ):
     """The plan of a one-request prefill and its one-page table, kept per shape: a repeated call
     costs no host scheduling and no host-to-device copies."""
@@ -427,6 +440,8 @@ def _single_plan(
         device,
         pos_encoding_mode,
         None,
+        kernel,
+        True,  # one page holds the request's keys
     )
     pages = (
         torch.tensor([0, 1], dtype=torch.int32, device=device),
@@ -454,11 +469,14 @@ def single_prefill_with_kv_cache(
     rope_scale=None,
     rope_theta=None,
     return_lse: bool = False,
+    backend: str = "auto",
 ):
     """Prefill of one request: q [qo_len, num_qo_heads, head_dim] over k, v [kv_len, num_kv_heads,
-    head_dim] (NHD) or [num_kv_heads, kv_len, head_dim] (HND). Returns out (and lse)."""
+    head_dim] (NHD) or [num_kv_heads, kv_len, head_dim] (HND). Returns out (and lse). backend:
+    "auto" (fa3 on compute capability 9.0, else fa2), "fa2" or "fa3" (9.0 only)."""
     api = "single_prefill_with_kv_cache"
     layout = _attention.layout_code(kv_layout, api)
+    kernel = _attention.prefill_kernel(backend, q.device, api)
     if custom_mask is not None or packed_custom_mask is not None:
         raise ValueError(f"{api}: custom masks are not supported")
     if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape:
@@ -481,6 +499,7 @@ def single_prefill_with_kv_cache(
         k.dtype,
         q.device,
         pos_encoding_mode,
+        kernel,
     )
     if kv_len == 0:
         out = torch.zeros_like(q)

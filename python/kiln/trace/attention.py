@@ -561,6 +561,7 @@ PREFILL_OPTIONS = {
     "lse": "second output, not benchmarked",
     "return_lse": "as lse",
     "enable_pdl": "launch detail",
+    "backend": "kernel choice (auto: fa3 on compute capability 9.0, else fa2); same results",
 }
 CAUSAL = Scalar("bool", False, "mask keys after each query's position (aligned to the end)")
 
@@ -680,6 +681,7 @@ SINGLE_PREFILL = TraceTemplate(
                 "rope_scale",
                 "rope_theta",
                 "return_lse",
+                "backend",
             )
         },
         "kv_layout": "NHD",

@@ -5,7 +5,9 @@ empty and one-token requests, paged == ragged == single, property tests and bad 
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 
 import pytest
 import torch
@@ -58,6 +60,37 @@ def rand(shape, dtype, device, gen):
     return torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
 
 
+def _sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+# The two kernels: fa2 (mma.sync, every family) and fa3 (wgmma + TMA, compute capability 9.0).
+BACKENDS = ["fa2", "fa3"]
+
+
+def need_backend(device, backend):
+    if backend == "fa3" and (device != "cuda" or not _sm90()):
+        pytest.skip("backend fa3 runs on compute capability 9.0 GPUs only")
+
+
+@contextlib.contextmanager
+def fa3_strict(backend, served=True):
+    """Where the sm90a kernel should serve the call, build the plan with KILN_PREFILL_FA3_STRICT=1:
+    a silent fallback to fa2 then fails the test instead of passing on the other kernel."""
+    if backend != "fa3" or not served:
+        yield
+        return
+    old = os.environ.get("KILN_PREFILL_FA3_STRICT")
+    os.environ["KILN_PREFILL_FA3_STRICT"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["KILN_PREFILL_FA3_STRICT"]
+        else:
+            os.environ["KILN_PREFILL_FA3_STRICT"] = old
+
+
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 @pytest.mark.parametrize(
@@ -66,7 +99,9 @@ def rand(shape, dtype, device, gen):
     ids=lambda v: str(v),
 )
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_single_prefill(device, dtype, qo, kv, causal):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_single_prefill(device, dtype, qo, kv, causal, backend):
+    need_backend(device, backend)
     if device == "cpu" and qo * kv > 300_000:
         pytest.skip("long sequences run on the GPU; the host backend is checked at shorter ones")
     gen = torch.Generator().manual_seed(qo * 7 + kv)
@@ -75,8 +110,31 @@ def test_single_prefill(device, dtype, qo, kv, causal):
         rand((kv, 2, 128), dtype, device, gen),
         rand((kv, 2, 128), dtype, device, gen),
     )
-    out, lse = kiln.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=True)
+    with fa3_strict(backend):
+        out, lse = kiln.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=True, backend=backend)
     check(out, lse, *reference(q, k, v, causal), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_single_prefill_hnd_and_sliced_heads(backend, head_dim):
+    """HND single prefill, and q a slice of a wider tensor (strided heads, TMA-legal strides)."""
+    need_backend("cuda", backend)
+    gen = torch.Generator().manual_seed(head_dim)
+    wide = rand((300, 12, head_dim), torch.bfloat16, "cuda", gen)
+    q = wide[:, 2:10]
+    k, v = (
+        rand((2, 517, head_dim), torch.bfloat16, "cuda", gen),
+        rand((2, 517, head_dim), torch.bfloat16, "cuda", gen),
+    )
+    for causal in (False, True):
+        with fa3_strict(backend):
+            out, lse = kiln.single_prefill_with_kv_cache(
+                q, k, v, causal=causal, kv_layout="HND", return_lse=True, backend=backend
+            )
+        ref = reference(q, k.transpose(0, 1), v.transpose(0, 1), causal)
+        check(out, lse, *ref, torch.bfloat16)
 
 
 @pytest.mark.parametrize("device", device_params())
@@ -85,38 +143,51 @@ def test_single_prefill(device, dtype, qo, kv, causal):
     "window_left,soft_cap,sm_scale",
     [(-1, None, 0.07), (0, None, None), (31, None, None), (64, 30.0, None), (-1, 50.0, None)],
 )
-def test_head_dims_window_soft_cap(device, head_dim, window_left, soft_cap, sm_scale):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_head_dims_window_soft_cap(device, head_dim, window_left, soft_cap, sm_scale, backend):
+    need_backend(device, backend)
     gen = torch.Generator().manual_seed(head_dim + window_left)
     q = (2 * torch.randn(150, 4, head_dim, generator=gen)).to(device=device, dtype=torch.float16)
     k, v = (
         rand((180, 4, head_dim), torch.float16, device, gen),
         rand((180, 4, head_dim), torch.float16, device, gen),
     )
-    out, lse = kiln.single_prefill_with_kv_cache(
-        q,
-        k,
-        v,
-        causal=True,
-        window_left=window_left,
-        logits_soft_cap=soft_cap,
-        sm_scale=sm_scale,
-        return_lse=True,
-    )
+    with fa3_strict(backend):
+        out, lse = kiln.single_prefill_with_kv_cache(
+            q,
+            k,
+            v,
+            causal=True,
+            window_left=window_left,
+            logits_soft_cap=soft_cap,
+            sm_scale=sm_scale,
+            return_lse=True,
+            backend=backend,
+        )
     check(out, lse, *reference(q, k, v, True, window_left, soft_cap, sm_scale), torch.float16)
 
 
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_paged_equals_ragged_equals_single_on_mixed_batches(device, layout):
-    """Mixed lengths with an empty request, a one-query request, qo_len < kv_len; shuffled pages."""
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("page,d", [(16, 64), (16, 128), (32, 256), (128, 64), (1, 128), (7, 64)])
+def test_paged_equals_ragged_equals_single_on_mixed_batches(device, layout, backend, page, d):
+    """Mixed lengths with an empty request, a one-query request, qo_len < kv_len; shuffled pages.
+    fa3 tiles pages of 16 and 32 (several per KV tile) and 128 (a tile inside a page); pages of 1
+    and 7 fall back to fa2 for the paged cache (ragged and single stay on fa3)."""
+    need_backend(device, backend)
+    if device == "cpu" and (page, d) != (16, 64):
+        pytest.skip("the host backend has one kernel; one page size covers it")
     gen = torch.Generator().manual_seed(23)
-    hq, hk, d, page = 8, 2, 64, 16
+    hq, hk = 8, 2
     qo_lens, kv_lens = [70, 1, 0, 200, 33], [90, 1, 0, 200, 130]
     batch = make_paged(kv_lens, page, hk, d, torch.bfloat16, device, layout, gen=gen)
     qo_indptr = torch.tensor([0] + list(torch.tensor(qo_lens).cumsum(0)), dtype=torch.int32)
     q = rand((sum(qo_lens), hq, d), torch.bfloat16, device, gen)
     ws = torch.empty(1 << 20, dtype=torch.uint8, device=device)
-    paged = kiln.BatchPrefillWithPagedKVCacheWrapper(ws, layout)
+    same_kernel = backend == "fa2" or page not in (1, 7)  # else the paged call falls back to fa2
+    with fa3_strict(backend, served=same_kernel):
+        paged = kiln.BatchPrefillWithPagedKVCacheWrapper(ws, layout, backend=backend)
     paged.plan(
         qo_indptr,
         batch.indptr,
@@ -133,18 +204,24 @@ def test_paged_equals_ragged_equals_single_on_mixed_batches(device, layout):
     ks = [batch.keys(b)[0] for b in range(5)]
     vs = [batch.keys(b)[1] for b in range(5)]
     kv_indptr = torch.tensor([0] + list(torch.tensor(kv_lens).cumsum(0)), dtype=torch.int32)
-    ragged = kiln.BatchPrefillWithRaggedKVCacheWrapper(ws)
+    with fa3_strict(backend):
+        ragged = kiln.BatchPrefillWithRaggedKVCacheWrapper(ws, backend=backend)
     ragged.plan(qo_indptr, kv_indptr, hq, hk, d, causal=True, q_data_type=torch.bfloat16)
     out_r = ragged.run(q, torch.cat(ks).contiguous(), torch.cat(vs).contiguous())
-    assert torch.equal(out_p, out_r)  # the same kernel over the same keys
+    if same_kernel:
+        assert torch.equal(out_p, out_r)  # the same kernel over the same keys
+    else:
+        torch.testing.assert_close(out_p.float(), out_r.float(), rtol=2.5e-2, atol=2.5e-2)
     for b in range(5):
         lo, hi = int(qo_indptr[b]), int(qo_indptr[b + 1])
         if hi == lo:
             continue
         ref_out, ref_lse = reference(q[lo:hi], ks[b], vs[b], causal=True)
         check(out_p[lo:hi], lse_p[lo:hi], ref_out, ref_lse, torch.bfloat16)
-        single = kiln.single_prefill_with_kv_cache(q[lo:hi], ks[b], vs[b], causal=True)
-        assert torch.equal(single, out_p[lo:hi])
+        with fa3_strict(backend):
+            single = kiln.single_prefill_with_kv_cache(q[lo:hi], ks[b], vs[b], causal=True, backend=backend)
+        if same_kernel:
+            assert torch.equal(single, out_p[lo:hi])
 
 
 def test_schedule_covers_every_query_once_longest_first():
@@ -203,19 +280,24 @@ def test_property_host(lens, page, causal, window, seed):
 @settings(max_examples=25, deadline=None)
 @given(
     lens=st.lists(st.tuples(st.integers(0, 700), st.integers(0, 700)), min_size=1, max_size=5),
-    page=st.sampled_from([1, 16, 7]),
+    page=st.sampled_from([1, 16, 7, 64]),
     causal=st.booleans(),
     head_dim=st.sampled_from([64, 128, 256]),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_property_cuda(lens, page, causal, head_dim, seed):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_property_cuda(backend, lens, page, causal, head_dim, seed):
+    need_backend("cuda", backend)
     qo_lens = [a for a, _ in lens]
     kv_lens = [max(a, b) if causal else b for a, b in lens]
     gen = torch.Generator().manual_seed(seed)
     batch = make_paged(kv_lens, page, 2, head_dim, torch.bfloat16, "cuda", gen=gen)
     qo_indptr = torch.tensor([0] + list(torch.tensor(qo_lens).cumsum(0)), dtype=torch.int32)
     q = rand((sum(qo_lens), 8, head_dim), torch.bfloat16, "cuda", gen)
-    w = kiln.BatchPrefillWithPagedKVCacheWrapper(torch.empty(16, dtype=torch.uint8, device="cuda"))
+    with fa3_strict(backend, served=page in (16, 64)):  # pages of 1 and 7 fall back to fa2
+        w = kiln.BatchPrefillWithPagedKVCacheWrapper(
+            torch.empty(16, dtype=torch.uint8, device="cuda"), backend=backend
+        )
     w.plan(
         qo_indptr,
         batch.indptr,
@@ -270,3 +352,25 @@ def test_bad_inputs(device):
         w.plan(
             torch.tensor([0, 5, 2], dtype=torch.int32), torch.tensor([0, 5, 6], dtype=torch.int32), 4, 2, 64
         )
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_backend_argument(device):
+    """FlashInfer's backend names; fa3 only on compute capability 9.0, a clear error elsewhere."""
+    gen = torch.Generator().manual_seed(1)
+    q, k = rand((9, 4, 64), torch.float16, device, gen), rand((9, 2, 64), torch.float16, device, gen)
+    ws = torch.empty(16, dtype=torch.uint8, device=device)
+    ref = kiln.single_prefill_with_kv_cache(q, k, k, causal=True, backend="fa2")
+    torch.testing.assert_close(
+        kiln.single_prefill_with_kv_cache(q, k, k, causal=True), ref, rtol=4e-3, atol=4e-3
+    )
+    for make in (
+        lambda b: kiln.single_prefill_with_kv_cache(q, k, k, backend=b),
+        lambda b: kiln.BatchPrefillWithPagedKVCacheWrapper(ws, backend=b),
+        lambda b: kiln.BatchPrefillWithRaggedKVCacheWrapper(ws, backend=b),
+    ):
+        with pytest.raises(ValueError, match="backend must be one of 'auto', 'fa2', 'fa3', got 'cudnn'"):
+            make("cudnn")
+        if device == "cpu" or not _sm90():
+            with pytest.raises(ValueError, match=r"backend='fa3' needs a compute capability 9\.0 GPU.*sm90a"):
+                make("fa3")

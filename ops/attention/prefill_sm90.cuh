@@ -1,0 +1,533 @@
+// Prefill attention for Hopper (sm_90a): the FlashAttention-3 scheme (wgmma + TMA, warp
+// specialised) over the same work list and PrefillParams contract as prefill.cuh (see
+// attention.h for the causal/window alignment). docs/perf/prefill-sm90.md has the design notes.
+//
+// One CTA = 64 queries of a plan work item (kSm90CtasPerItem CTAs an item) x one query head, 256 threads:
+//   warpgroup 0, producer: one thread issues TMA loads (K and V tiles of BLOCK_N keys into a
+//     STAGES-deep shared-memory ring, "full" mbarriers counting bytes, "empty" mbarriers counting
+//     the consumer's 128 arrivals; Q too at head_dim 256); the other producer warps retire.
+//   warpgroup 1, consumer: S = Q K^T with wgmma (Q as register A fragments at head_dim <= 128,
+//     else from shared memory; K K-major in shared memory, 128-byte swizzle), scale / soft-cap /
+//     masks / online softmax on the accumulator registers, P packed to 16 bits in registers as the
+//     A operand of O += P V (V MN-major, the transpose bit).
+// Two CTAs share an SM for head_dim <= 128 (96 KB of smem each, setmaxnreg moves registers from
+// the producer to the consumer), so one CTA's softmax overlaps the other's tensor-core work.
+//
+// KV tiles come in TMA boxes of 64 head-dim columns (128 bytes, the swizzle span) by B rows:
+//   paged cache: B = min(page_size, BLOCK_N), one box per page (page_size | BLOCK_N) or one box
+//     per tile inside a page (BLOCK_N | page_size); pages past the request's last are skipped.
+//   kv_contiguous, page_size 1 (ragged): keys of a request are consecutive cache pages; one box
+//     of BLOCK_N pages per tile.
+//   kv_contiguous, one page per request (single prefill): one box of BLOCK_N slots per tile.
+// Rows past the cache's extent read as zero (TMA out-of-bounds fill); rows past kv_len inside a
+// paged cache's last page are stale memory, so the consumer zeroes V's rows >= kv_len of the last
+// tile before P V (0 * NaN would otherwise poison O); K's are masked to -inf like any key.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the runtime's entry point
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "ops/attention/attention.h"
+#include "ops/attention/state.h"
+#include "ops/common/cuda_utils.cuh"
+#include "ops/common/dtypes.h"
+#include "ops/common/math.h"
+#include "ops/common/mma.cuh"
+#include "ops/common/sm90.cuh"
+
+namespace kiln::attention {
+
+constexpr int kSm90Threads = 256;  // producer warpgroup + one consumer warpgroup
+constexpr int kSm90Queries = 64;   // one wgmma M per CTA
+// A plan work item (kPrefillQueriesPerItem queries, sized for the FA2 kernel's 8 warps) is served
+// by this many CTAs, each taking 64 consecutive queries of it.
+constexpr int kSm90CtasPerItem = kPrefillQueriesPerItem / kSm90Queries;
+static_assert(kPrefillQueriesPerItem % kSm90Queries == 0, "CTAs split a plan work item evenly");
+
+template <typename T, int HEAD_DIM>
+struct Sm90Shape {
+  // KV keys per tile: S is 64 x BLOCK_N f32 (BLOCK_N / 2 registers a thread) next to O (HEAD_DIM /
+  // 2); 64 for head_dim 128/256 keeps two CTAs per SM (128) and the registers in budget (256).
+  static constexpr int BLOCK_N = HEAD_DIM == 64 ? 128 : 64;
+  // Q as the A operand from registers (HEAD_DIM / 4 registers a thread, loaded once) halves the
+  // shared-memory reads of S = Q K^T; at head_dim 256 O alone takes 128 registers, so Q stays in
+  // shared memory there (loaded by TMA) and S is an SS wgmma.
+  static constexpr bool Q_IN_REGS = HEAD_DIM <= 128;
+  static constexpr int STAGES = Q_IN_REGS ? 3 : 2;
+  static constexpr int CHUNKS = HEAD_DIM / 64;                                 // 128-byte column chunks
+  static constexpr int Q_BYTES = Q_IN_REGS ? 0 : CHUNKS * kSm90Queries * 128;  // 64 rows x 128 B a chunk
+  static constexpr int KV_CHUNK_BYTES = BLOCK_N * 128;                         // one chunk of a K or V tile
+  static constexpr int KV_BYTES = CHUNKS * KV_CHUNK_BYTES;                     // one K or V tile
+  static constexpr int BAR_OFFSET = Q_BYTES + 2 * STAGES * KV_BYTES;           // mbarriers after the tiles
+  static constexpr int NUM_BARS = 1 + 4 * STAGES;
+  static constexpr size_t kSmemBytes = size_t(BAR_OFFSET) + NUM_BARS * 8 + 1024;  // + alignment slack
+  static constexpr int MIN_BLOCKS = HEAD_DIM <= 128 ? 2 : 1;
+  static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 216;  // 40 + 216 = 2 x 128 (the cap)
+  static_assert(HEAD_DIM % 64 == 0, "head_dim must be a multiple of 64 (the swizzle span)");
+  static_assert(MIN_BLOCKS == 1 || 2 * (kSmemBytes + 2048) <= 228 * 1024, "two CTAs per SM");
+};
+
+// How a KV tile is cut into TMA boxes (host-chosen, see the header comment).
+// Status code of launch_prefill_sm90 when it declines a call before launching anything (the
+// driver refused a tensor map): the caller may run the FA2 kernel instead.
+constexpr int kSm90Declined = 0x5390;
+
+struct Sm90KvBoxes {
+  int rows;        // B: rows per box
+  bool page_axis;  // boxes run along the page axis (ragged: one-token pages)
+};
+
+template <typename T, int HEAD_DIM, bool SOFTCAP>
+__global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOCKS)
+    prefill_sm90_kernel(const PrefillParams p, const __grid_constant__ CUtensorMap tq,
+                        const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                        const Sm90KvBoxes boxes) {
+#if defined(KILN_SM90A)
+  using S = Sm90Shape<T, HEAD_DIM>;
+  constexpr int N = S::BLOCK_N, STAGES = S::STAGES, CHUNKS = S::CHUNKS;
+  extern __shared__ uint8_t smem_raw[];
+  // 128-byte swizzle atoms are 1024 bytes: TMA and the wgmma descriptors (base offset 0) both
+  // assume 1024-byte aligned tiles.
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* sq = smem;
+  uint8_t* sk = smem + S::Q_BYTES;
+  uint8_t* sv = sk + STAGES * S::KV_BYTES;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::BAR_OFFSET);
+  uint64_t* q_full = bars;
+  uint64_t* k_full = bars + 1;
+  uint64_t* v_full = k_full + STAGES;
+  uint64_t* k_empty = v_full + STAGES;
+  uint64_t* v_empty = k_empty + STAGES;
+
+  const int item = blockIdx.x / kSm90CtasPerItem;
+  const int request = p.work_request[item];
+  if (request < 0) return;  // padding item: the whole CTA leaves before any barrier exists
+  const int q_begin = p.qo_indptr[request];
+  const int qo_len = p.qo_indptr[request + 1] - q_begin;
+  const int kv_len = p.kv_len[request];
+  const int offset = kv_len - qo_len;  // query i sits at key position i + offset
+  const int q0 = p.work_q_start[item] + (blockIdx.x % kSm90CtasPerItem) * kSm90Queries;
+  if (q0 >= qo_len) return;  // the item's last queries: none left for this CTA (before any barrier)
+  const int head = blockIdx.y;
+  const int kv_head = head / int(p.num_qo_heads / p.num_kv_heads);
+
+  // KV range, as in prefill.cuh: causal ends after the last query's diagonal, a window starts at
+  // the first query's edge (rounded down to a tile); tiles outside are never loaded.
+  const int last_q = min(q0 + kSm90Queries, qo_len) - 1;
+  const int kv_end = p.causal ? max(0, min(kv_len, last_q + offset + 1)) : kv_len;
+  int kv_start = p.window_left >= 0 ? max(0, q0 + offset - p.window_left) : 0;
+  kv_start = (kv_start / N) * N;
+  const int num_tiles = kv_end > kv_start ? (kv_end - kv_start + N - 1) / N : 0;
+
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(q_full, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      sm90::mbar_init(&k_full[s], 1);
+      sm90::mbar_init(&v_full[s], 1);
+      sm90::mbar_init(&k_empty[s], 128);
+      sm90::mbar_init(&v_empty[s], 128);
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {
+    // ---------------- producer ----------------
+    if constexpr (S::MIN_BLOCKS > 1) sm90::setmaxnreg_dec<S::PRODUCER_REGS>();
+    if (threadIdx.x != 0) return;
+    sm90::prefetch_tensor_map(&tq);
+    sm90::prefetch_tensor_map(&tk);
+    sm90::prefetch_tensor_map(&tv);
+    if constexpr (!S::Q_IN_REGS) {
+      sm90::mbar_arrive_expect_tx(q_full, S::Q_BYTES);
+#pragma unroll
+      for (int c = 0; c < CHUNKS; ++c) {
+        sm90::tma_load_3d(sq + c * kSm90Queries * 128, &tq, q_full, c * 64, head, q_begin + q0);
+      }
+    }
+    const int32_t* pages = p.kv.page_indices + p.kv.page_indptr[request];
+    const int num_pages = p.kv.page_indptr[request + 1] - p.kv.page_indptr[request];
+    const int page_size = static_cast<int>(p.kv.page_size);
+    const int B = boxes.rows;
+    // Issues the boxes of one K or V tile; returns the bytes they bring.
+    auto load_tile = [&](const CUtensorMap* map, uint8_t* dst, uint64_t* bar, int tok0, bool issue) {
+      uint32_t bytes = 0;
+      if (boxes.page_axis) {
+        if (issue) {
+#pragma unroll
+          for (int c = 0; c < CHUNKS; ++c) {
+            sm90::tma_load_4d(dst + c * S::KV_CHUNK_BYTES, map, bar, c * 64, 0, kv_head, pages[0] + tok0);
+          }
+        }
+        return uint32_t(CHUNKS * S::KV_CHUNK_BYTES);
+      }
+      for (int r = 0; r < N; r += B) {
+        const int tok = tok0 + r, pi = tok / page_size;
+        if (pi >= num_pages) break;  // past the request's pages: rows >= kv_len, zeroed later
+        if (issue) {
+#pragma unroll
+          for (int c = 0; c < CHUNKS; ++c) {
+            sm90::tma_load_4d(dst + c * S::KV_CHUNK_BYTES + r * 128, map, bar, c * 64, tok % page_size, kv_head,
+                              pages[pi]);
+          }
+        }
+        bytes += CHUNKS * B * 128;
+      }
+      return bytes;
+    };
+    for (int i = 0; i < num_tiles; ++i) {
+      const int s = i % STAGES;
+      const uint32_t phase = (i / STAGES) & 1;
+      const int tok0 = kv_start + i * N;
+      sm90::mbar_wait(&k_empty[s], phase ^ 1);
+      sm90::mbar_arrive_expect_tx(&k_full[s], load_tile(&tk, nullptr, nullptr, tok0, false));
+      load_tile(&tk, sk + s * S::KV_BYTES, &k_full[s], tok0, true);
+      sm90::mbar_wait(&v_empty[s], phase ^ 1);
+      sm90::mbar_arrive_expect_tx(&v_full[s], load_tile(&tv, nullptr, nullptr, tok0, false));
+      load_tile(&tv, sv + s * S::KV_BYTES, &v_full[s], tok0, true);
+    }
+    return;
+  }
+
+  // ---------------- consumer ----------------
+  if constexpr (S::MIN_BLOCKS > 1) sm90::setmaxnreg_inc<S::CONSUMER_REGS>();
+  const int ct = threadIdx.x - 128;
+  const int warp = ct / 32, lane = ct % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int qi0 = q0 + warp * 16 + g, qi1 = qi0 + 8;  // this thread's two query rows
+
+  // Q as wgmma A fragments (the mma.sync m16n8k16 layout per warp: rows g, g+8; columns 2t, 2t+8
+  // of each 16-wide k-step), zero past qo_len; the same loads as prefill.cuh.
+  uint32_t qa[S::Q_IN_REGS ? HEAD_DIM / 16 : 1][4];
+  if constexpr (S::Q_IN_REGS) {
+    const T* qh = static_cast<const T*>(p.q) + head * p.q_stride_h;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int qi = (r & 1) ? qi1 : qi0;
+      const T* qrow = qh + int64_t(q_begin + qi) * p.q_stride_n;
+#pragma unroll
+      for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+        const int col = kk * 16 + 2 * t + (r >> 1) * 8;
+        qa[kk][r] = qi < qo_len ? *reinterpret_cast<const uint32_t*>(qrow + col) : 0u;
+      }
+    }
+  }
+
+  float o[HEAD_DIM / 2];
+#pragma unroll
+  for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.0f;
+  float m[2] = {neg_inf(), neg_inf()};
+  float l[2] = {0.0f, 0.0f};
+  const float scale = SOFTCAP ? p.sm_scale / p.soft_cap : p.sm_scale * kLog2e;
+  const bool zero_tail = !p.kv_contiguous;  // stale rows past kv_len exist only in real pages
+  const uint32_t sq_addr = sm90::smem_u32(sq);
+  (void)sq_addr;
+
+  if constexpr (!S::Q_IN_REGS) sm90::mbar_wait(q_full, 0);
+  for (int i = 0; i < num_tiles; ++i) {
+    const int s = i % STAGES;
+    const uint32_t phase = (i / STAGES) & 1;
+    const int tok0 = kv_start + i * N;
+    const uint32_t sk_addr = sm90::smem_u32(sk + s * S::KV_BYTES);
+    const uint32_t sv_addr = sm90::smem_u32(sv + s * S::KV_BYTES);
+
+    // S = Q K^T: HEAD_DIM / 16 k-steps; a step moves 32 bytes inside a 128-byte chunk row.
+    float sacc[N / 2];
+    sm90::mbar_wait(&k_full[s], phase);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+      const uint32_t in_chunk = (kk % 4) * 32;
+      const uint64_t db = sm90::smem_desc_sw128(sk_addr + (kk / 4) * S::KV_CHUNK_BYTES + in_chunk, 16, 1024);
+      if constexpr (S::Q_IN_REGS) {
+        sm90::wgmma_rs<T, N, false>(sacc, qa[kk], db, kk > 0 ? 1 : 0);
+      } else {
+        const uint64_t da = sm90::smem_desc_sw128(sq_addr + (kk / 4) * kSm90Queries * 128 + in_chunk, 16, 1024);
+        sm90::wgmma_ss<T, N>(sacc, da, db, kk > 0 ? 1 : 0);
+      }
+    }
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    sm90::fence_regs(sacc);
+    sm90::mbar_arrive(&k_empty[s]);
+
+    // Scale, soft-cap, masks, running max. sacc[4j + i]: row (i < 2 ? qi0 : qi1), key tok0 + 8j
+    // + 2t + (i & 1) (the m64nNk16 accumulator fragment).
+    // Masks only where some key of the tile may be invisible to some query of the CTA.
+    const bool boundary = tok0 + N > kv_end || (p.causal && tok0 + N - 1 > q0 + offset) ||
+                          (p.window_left >= 0 && tok0 < q0 + kSm90Queries - 1 + offset - p.window_left);
+    float row_max[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = sacc[4 * j + e] * scale;
+        if constexpr (SOFTCAP) x = tanhf(x) * (p.soft_cap * kLog2e);
+        if (boundary) {
+          const int key = tok0 + 8 * j + 2 * t + (e & 1);
+          const int qpos = ((e >> 1) ? qi1 : qi0) + offset;
+          bool valid = key < kv_end;
+          if (p.causal) valid = valid && key <= qpos;
+          if (p.window_left >= 0) valid = valid && key >= qpos - p.window_left;
+          x = valid ? x : neg_inf();
+        }
+        sacc[4 * j + e] = x;
+        row_max[e >> 1] = fmaxf(row_max[e >> 1], x);
+      }
+    }
+    float rescale[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
+      const float m_new = fmaxf(m[r], row_max[r]);
+      rescale[r] = scale_from(m[r], m_new);
+      l[r] *= rescale[r];
+      m[r] = m_new;
+    }
+#pragma unroll
+    for (int j = 0; j < HEAD_DIM / 8; ++j) {
+      o[4 * j + 0] *= rescale[0];
+      o[4 * j + 1] *= rescale[0];
+      o[4 * j + 2] *= rescale[1];
+      o[4 * j + 3] *= rescale[1];
+    }
+    // P in the A fragment of k-step ks (keys 16ks..16ks+15 = accumulator n-blocks 2ks, 2ks+1).
+    uint32_t pa[N / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < N / 16; ++ks) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float e[4];
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          e[x] = scale_from(sacc[4 * (2 * ks + h) + x], m[x >> 1]);
+          l[x >> 1] += e[x];
+        }
+        pa[ks][2 * h + 0] = pack2<T>(e[0], e[1]);
+        pa[ks][2 * h + 1] = pack2<T>(e[2], e[3]);
+      }
+    }
+
+    sm90::mbar_wait(&v_full[s], phase);
+    if (zero_tail && tok0 + N > kv_len) {
+      // Rows >= kv_len of this V tile may be stale memory: zero them (whole 128-byte rows, so
+      // the swizzle does not matter) before the tensor cores read them.
+      uint8_t* vt = sv + s * S::KV_BYTES;
+      const int first = max(kv_len - tok0, 0);
+      for (int idx = ct; idx < CHUNKS * (N - first) * 8; idx += 128) {
+        const int c = idx / ((N - first) * 8), rem = idx % ((N - first) * 8);
+        const int row = first + rem / 8, part = rem % 8;
+        *reinterpret_cast<uint4*>(vt + c * S::KV_CHUNK_BYTES + row * 128 + part * 16) = make_uint4(0, 0, 0, 0);
+      }
+      sm90::fence_proxy_async();
+      sm90::named_barrier_sync(1, 128);
+    }
+    // O += P V: N / 16 k-steps of 16 keys (16 rows of 128 bytes = 2048 bytes each).
+    sm90::fence_regs(o);
+    sm90::fence_regs(pa);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < N / 16; ++ks) {
+      const uint64_t db = sm90::smem_desc_sw128(sv_addr + ks * 16 * 128, S::KV_CHUNK_BYTES, 1024);
+      sm90::wgmma_rs<T, HEAD_DIM, true>(o, pa[ks], db, 1);
+    }
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    sm90::fence_regs(o);
+    sm90::fence_regs(pa);
+    sm90::mbar_arrive(&v_empty[s]);
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int qi = r ? qi1 : qi0;
+    if (qi >= qo_len) continue;
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    T* out = static_cast<T*>(p.out) + int64_t(q_begin + qi) * p.out_stride_n + head * p.out_stride_h;
+#pragma unroll
+    for (int j = 0; j < HEAD_DIM / 8; ++j) {
+      *reinterpret_cast<uint32_t*>(out + 8 * j + 2 * t) = pack2<T>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+    }
+    if (p.lse != nullptr && t == 0) p.lse[int64_t(q_begin + qi) * p.lse_stride_n + head] = merged_lse(m[r], l[r]);
+  }
+#else
+  // Built for another target: never launched there (prefill_sm90_supported), loud if it were.
+  (void)p, (void)tq, (void)tk, (void)tv, (void)boxes;
+  __trap();
+#endif
+}
+
+// ---- host ------------------------------------------------------------------------------------
+
+namespace sm90_host {
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point: nothing links libcuda.
+inline EncodeTiled encoder() {
+  static EncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      f = nullptr;
+    }
+    return reinterpret_cast<EncodeTiled>(f);
+  }();
+  return fn;
+}
+
+template <typename T>
+constexpr CUtensorMapDataType tma_dtype() {
+  return sizeof(T) == 2 && std::is_same_v<T, bf16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                     : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
+
+// Strides a TMA map accepts: multiples of 16 bytes below 2^40.
+inline bool tma_stride_ok(int64_t elems, int64_t elem_bytes) {
+  const int64_t b = elems * elem_bytes;
+  return b > 0 && b % 16 == 0 && b < (int64_t(1) << 40);
+}
+
+inline bool aligned16(const void* ptr) {
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
+}
+
+}  // namespace sm90_host
+
+// The boxes a call's KV tiles are cut into, or rows = 0 where the sm90a kernel cannot tile it.
+template <typename T, int HEAD_DIM>
+Sm90KvBoxes prefill_sm90_boxes(const PrefillParams& p) {
+  constexpr int N = Sm90Shape<T, HEAD_DIM>::BLOCK_N;
+  const int64_t ps = p.kv.page_size;
+  if (p.kv_contiguous) return ps == 1 ? Sm90KvBoxes{N, true} : Sm90KvBoxes{N, false};
+  if (ps % N == 0) return {N, false};
+  // Pages smaller than 16 rows would take more than BLOCK_N / 16 boxes a chunk: FA2 does better.
+  if (N % ps == 0 && ps >= 16) return {static_cast<int>(ps), false};
+  return {0, false};
+}
+
+// Whether the sm90a kernel can serve this call (else launch_prefill does). `why` gets the reason.
+template <typename T, int HEAD_DIM, bool SOFTCAP>
+bool prefill_sm90_supported(const PrefillParams& p, int device, std::string* why) {
+  auto no = [&](const std::string& reason) {
+    if (why != nullptr) *why = reason;
+    return false;
+  };
+  // Device and module checks, once per device: a 9.0 device, and sm_90a code in this module (a
+  // plain 9.0 or PTX-JIT build compiles the kernel to a trap; the arch context builds 9.0 as 9.0a).
+  constexpr int kMaxDevices = 64;
+  static int8_t cached[kMaxDevices] = {};  // 0 unknown, 1 yes, -1 no device, -2 no sm_90a code
+  if (device < 0 || device >= kMaxDevices) return no("device ordinal out of range");
+  if (cached[device] == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    cudaFuncAttributes attr{};
+    if (major != 9 || minor != 0) {
+      cached[device] = -1;
+    } else if (cudaFuncGetAttributes(&attr, prefill_sm90_kernel<T, HEAD_DIM, SOFTCAP>) != cudaSuccess ||
+               attr.binaryVersion != 90 || (attr.ptxVersion != 0 && attr.ptxVersion != 90)) {
+      cudaGetLastError();
+      cached[device] = -2;
+    } else {
+      cached[device] = 1;
+    }
+  }
+  if (cached[device] == -1) return no("the device is not compute capability 9.0");
+  if (cached[device] == -2) return no("the module has no sm_90a machine code (9.0a not in its arch list)");
+  if (sm90_host::encoder() == nullptr) return no("the driver has no cuTensorMapEncodeTiled");
+  if (prefill_sm90_boxes<T, HEAD_DIM>(p).rows == 0) {
+    return no("page_size " + std::to_string(p.kv.page_size) + " neither divides nor is a multiple of the KV tile");
+  }
+  const int64_t e = sizeof(T);
+  const PagedKV& kv = p.kv;
+  if (!sm90_host::aligned16(p.q) || !sm90_host::aligned16(kv.k) || !sm90_host::aligned16(kv.v) ||
+      !sm90_host::tma_stride_ok(p.q_stride_n, e) || !sm90_host::tma_stride_ok(p.q_stride_h, e) ||
+      !sm90_host::tma_stride_ok(kv.k_page_stride, e) || !sm90_host::tma_stride_ok(kv.k_head_stride, e) ||
+      !sm90_host::tma_stride_ok(kv.v_page_stride, e) || !sm90_host::tma_stride_ok(kv.v_head_stride, e) ||
+      !sm90_host::tma_stride_ok(kv.k_slot_stride, e) || !sm90_host::tma_stride_ok(kv.v_slot_stride, e)) {
+    return no("q, k or v is not 16-byte aligned or has a stride TMA cannot take");
+  }
+  if (p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0 || p.num_qo_heads > 65535) {
+    return no("unsupported head counts");
+  }
+  return true;
+}
+
+template <typename T, int HEAD_DIM, bool SOFTCAP>
+Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx) {
+  using S = Sm90Shape<T, HEAD_DIM>;
+  if (p.work_capacity == 0) return Status::Ok();
+  DeviceGuard guard(ctx.device);
+  int device = 0;
+  cudaGetDevice(&device);
+  std::string why;
+  if (!prefill_sm90_supported<T, HEAD_DIM, SOFTCAP>(p, device, &why)) {
+    return Status::Error(1, "prefill (sm90a kernel): " + why);
+  }
+  const Sm90KvBoxes boxes = prefill_sm90_boxes<T, HEAD_DIM>(p);
+  const auto encode = sm90_host::encoder();
+  const CUtensorMapDataType dt = sm90_host::tma_dtype<T>();
+  const cuuint64_t e = sizeof(T);
+  CUtensorMap tq{}, tk{}, tv{};
+  if constexpr (!S::Q_IN_REGS) {  // else Q is loaded into registers and tq stays unused
+    const cuuint64_t dims[3] = {cuuint64_t(HEAD_DIM), cuuint64_t(p.num_qo_heads), cuuint64_t(p.q_rows)};
+    const cuuint64_t strides[2] = {cuuint64_t(p.q_stride_h) * e, cuuint64_t(p.q_stride_n) * e};
+    const cuuint32_t box[3] = {64, 1, cuuint32_t(kSm90Queries)};
+    const cuuint32_t estr[3] = {1, 1, 1};
+    if (encode(&tq, dt, 3, const_cast<void*>(p.q), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+      return Status::Error(kSm90Declined, "prefill (sm90a kernel): cuTensorMapEncodeTiled failed for q");
+    }
+  }
+  const PagedKV& kv = p.kv;
+  const cuuint32_t box[4] = {64, boxes.page_axis ? 1u : cuuint32_t(boxes.rows), 1,
+                             boxes.page_axis ? cuuint32_t(boxes.rows) : 1u};
+  const cuuint32_t estr[4] = {1, 1, 1, 1};
+  for (int which = 0; which < 2; ++which) {
+    const cuuint64_t dims[4] = {cuuint64_t(HEAD_DIM), cuuint64_t(kv.page_size), cuuint64_t(p.num_kv_heads),
+                                cuuint64_t(p.kv_num_pages)};
+    const cuuint64_t strides[3] = {cuuint64_t(which ? kv.v_slot_stride : kv.k_slot_stride) * e,
+                                   cuuint64_t(which ? kv.v_head_stride : kv.k_head_stride) * e,
+                                   cuuint64_t(which ? kv.v_page_stride : kv.k_page_stride) * e};
+    if (encode(which ? &tv : &tk, dt, 4, const_cast<void*>(which ? kv.v : kv.k), dims, strides, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+      return Status::Error(kSm90Declined, std::string("prefill (sm90a kernel): cuTensorMapEncodeTiled failed for ") +
+                                              (which ? "v" : "k"));
+    }
+  }
+  constexpr auto kernel = prefill_sm90_kernel<T, HEAD_DIM, SOFTCAP>;
+  Status st =
+      cuda_status(allow_smem<kernel>(S::kSmemBytes, device), "prefill (sm90a): raising the shared-memory limit");
+  if (!st.ok()) return st;
+  // The largest shared-memory carveout, so that two CTAs (2 x ~99 KB) fit an SM at head_dim <= 128;
+  // left to itself the driver may pick a smaller one that holds only one. Once per device.
+  static bool carveout_set[64] = {};
+  if (device >= 0 && device < 64 && !carveout_set[device]) {
+    st = cuda_status(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared),
+        "prefill (sm90a): setting the shared-memory carveout");
+    if (!st.ok()) return st;
+    carveout_set[device] = true;
+  }
+  const dim3 grid(static_cast<unsigned>(p.work_capacity * kSm90CtasPerItem), static_cast<unsigned>(p.num_qo_heads));
+  kernel<<<grid, kSm90Threads, S::kSmemBytes, static_cast<cudaStream_t>(ctx.stream)>>>(p, tq, tk, tv, boxes);
+  return cuda_status(cudaGetLastError(), "prefill (sm90a) kernel launch");
+}
+
+}  // namespace kiln::attention

@@ -1,0 +1,223 @@
+// Framework-free self-test of the sm90a prefill kernel (ops/attention/prefill_sm90.cuh): runs it
+// and the FA2 kernel on small single / paged / ragged problems against a float64 CPU reference
+// and prints the max error of each, plus where the worst element is (row, column), so a layout
+// bug shows its pattern. On an H100/H200, from the repository root:
+//
+//   nvcc -std=c++17 -O2 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a
+//   -gencode=arch=compute_80,code=sm_80 \
+//        -I. tests/cuda/prefill_sm90_selftest.cu -o /tmp/sm90_selftest && /tmp/sm90_selftest
+//
+// Exit status 0 when every case of both kernels is within tolerance.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "ops/attention/prefill.cuh"
+#include "ops/attention/prefill_sm90.cuh"
+
+using namespace kiln;
+using namespace kiln::attention;
+
+namespace {
+
+struct Case {
+  const char* name;
+  int head_dim;
+  std::vector<int> qo, kv;
+  int page;  // page size of a paged cache; 0: contiguous (single when one request, else ragged)
+  bool hnd;  // paged layout
+  bool causal;
+  int window_left;
+};
+
+template <int D>
+int run_case(const Case& c, int kernel) {
+  const int hq = 4, hk = 2, batch = static_cast<int>(c.qo.size());
+  std::mt19937 rng(1234 + D);
+  std::normal_distribution<float> nd;
+  std::vector<int> qo_indptr(batch + 1, 0);
+  for (int b = 0; b < batch; ++b) qo_indptr[b + 1] = qo_indptr[b] + c.qo[b];
+  const int total_q = qo_indptr[batch];
+  std::vector<__nv_bfloat16> q(size_t(total_q) * hq * D);
+  for (auto& x : q) x = __float2bfloat16(nd(rng));
+  // Keys per request (token-major, [kv, hk, D]) and the cache built from them.
+  std::vector<std::vector<float>> keys(batch), vals(batch);
+  for (int b = 0; b < batch; ++b) {
+    keys[b].resize(size_t(c.kv[b]) * hk * D);
+    vals[b].resize(keys[b].size());
+    for (auto& x : keys[b]) x = __bfloat162float(__float2bfloat16(nd(rng)));
+    for (auto& x : vals[b]) x = __bfloat162float(__float2bfloat16(nd(rng)));
+  }
+  const bool paged = c.page > 0, single = !paged && batch == 1;
+  const int page = paged ? c.page : (single ? std::max(c.kv[0], 1) : 1);
+  std::vector<int> page_indptr(batch + 1, 0);
+  for (int b = 0; b < batch; ++b) page_indptr[b + 1] = page_indptr[b] + (c.kv[b] + page - 1) / page;
+  const int num_pages = std::max(page_indptr[batch], 1);
+  std::vector<int> indices(num_pages);
+  std::iota(indices.begin(), indices.end(), 0);
+  if (paged) std::shuffle(indices.begin(), indices.end(), rng);
+  // Cache [pages, page, hk, D] (NHD) or [pages, hk, page, D] (HND); unused slots hold NaN so a
+  // kernel that lets stale rows into P V fails.
+  std::vector<__nv_bfloat16> kc(size_t(num_pages) * page * hk * D, __float2bfloat16(NAN)), vc(kc.size(), kc[0]);
+  const int64_t ss = c.hnd ? D : int64_t(hk) * D, hs = c.hnd ? int64_t(page) * D : D, ps = int64_t(page) * hk * D;
+  for (int b = 0; b < batch; ++b)
+    for (int t = 0; t < c.kv[b]; ++t)
+      for (int h = 0; h < hk; ++h)
+        for (int d = 0; d < D; ++d) {
+          const int64_t at = indices[page_indptr[b] + t / page] * ps + (t % page) * ss + h * hs + d;
+          kc[at] = __float2bfloat16(keys[b][(size_t(t) * hk + h) * D + d]);
+          vc[at] = __float2bfloat16(vals[b][(size_t(t) * hk + h) * D + d]);
+        }
+  if (!paged && !single) {  // ragged: no stale rows; fill the unused tail with zeros
+    for (auto* v : {&kc, &vc})
+      for (auto& x : *v)
+        if (std::isnan(__bfloat162float(x))) x = __float2bfloat16(0.0f);
+  }
+  // Work list: items of kPrefillQueriesPerItem queries (the plan's tile).
+  std::vector<int> wr, wq;
+  for (int b = 0; b < batch; ++b)
+    for (int s = 0; s < c.qo[b]; s += kPrefillQueriesPerItem) wr.push_back(b), wq.push_back(s);
+  auto up = [](const void* h, size_t bytes) {
+    void* d = nullptr;
+    cudaMalloc(&d, std::max<size_t>(bytes, 16));
+    cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
+    return d;
+  };
+  std::vector<int> kv_len(c.kv);
+  PrefillParams p{};
+  p.q = up(q.data(), q.size() * 2);
+  p.q_stride_n = hq * D;
+  p.q_stride_h = D;
+  p.qo_indptr = static_cast<int*>(up(qo_indptr.data(), qo_indptr.size() * 4));
+  p.kv_len = static_cast<int*>(up(kv_len.data(), kv_len.size() * 4));
+  p.kv.k = up(kc.data(), kc.size() * 2);
+  p.kv.v = up(vc.data(), vc.size() * 2);
+  p.kv.k_page_stride = p.kv.v_page_stride = ps;
+  p.kv.k_slot_stride = p.kv.v_slot_stride = ss;
+  p.kv.k_head_stride = p.kv.v_head_stride = hs;
+  p.kv.page_indptr = static_cast<int*>(up(page_indptr.data(), page_indptr.size() * 4));
+  p.kv.page_indices = static_cast<int*>(up(indices.data(), indices.size() * 4));
+  p.kv.page_size = page;
+  p.num_qo_heads = hq;
+  p.num_kv_heads = hk;
+  p.work_request = static_cast<int*>(up(wr.data(), wr.size() * 4));
+  p.work_q_start = static_cast<int*>(up(wq.data(), wq.size() * 4));
+  p.work_capacity = static_cast<int64_t>(wr.size());
+  std::vector<__nv_bfloat16> out(q.size(), __float2bfloat16(NAN));
+  std::vector<float> lse(size_t(total_q) * hq, NAN);
+  p.out = up(out.data(), out.size() * 2);
+  p.out_stride_n = hq * D;
+  p.out_stride_h = D;
+  p.lse = static_cast<float*>(up(lse.data(), lse.size() * 4));
+  p.lse_stride_n = hq;
+  p.sm_scale = 1.0f / std::sqrt(float(D));
+  p.soft_cap = 0.0f;
+  p.causal = c.causal;
+  p.window_left = c.window_left;
+  p.kernel = kernel;
+  p.kv_contiguous = !paged;
+  p.kv_num_pages = num_pages;
+  p.q_rows = total_q;
+  Status st = kernel == kPrefillKernelFA3 ? launch_prefill_sm90<__nv_bfloat16, D, false>(p, LaunchContext{nullptr, 0})
+                                          : launch_prefill<__nv_bfloat16, D, false>(p, LaunchContext{nullptr, 0});
+  cudaError_t err = cudaDeviceSynchronize();
+  if (!st.ok() || err != cudaSuccess) {
+    std::printf("  %-34s %s: FAILED to run: %s %s\n", c.name, kernel ? "fa3" : "fa2", st.message.c_str(),
+                cudaGetErrorString(err));
+    return 1;
+  }
+  cudaMemcpy(out.data(), p.out, out.size() * 2, cudaMemcpyDeviceToHost);
+  cudaMemcpy(lse.data(), p.lse, lse.size() * 4, cudaMemcpyDeviceToHost);
+  double worst = 0, worst_lse = 0;
+  int wrow = -1, wcol = -1, bad_nan = 0;
+  for (int b = 0; b < batch; ++b) {
+    const int off = c.kv[b] - c.qo[b];
+    for (int i = 0; i < c.qo[b]; ++i)
+      for (int h = 0; h < hq; ++h) {
+        const int kh = h / (hq / hk);
+        const size_t row = size_t(qo_indptr[b] + i) * hq + h;
+        std::vector<double> logit(c.kv[b], -INFINITY);
+        double mx = -INFINITY;
+        for (int j = 0; j < c.kv[b]; ++j) {
+          const int pos = i + off;
+          if (c.causal && j > pos) continue;
+          if (c.window_left >= 0 && j < pos - c.window_left) continue;
+          double s = 0;
+          for (int d = 0; d < D; ++d)
+            s += double(__bfloat162float(q[row * D + d])) * keys[b][(size_t(j) * hk + kh) * D + d];
+          logit[j] = s * p.sm_scale;
+          mx = std::max(mx, logit[j]);
+        }
+        double sum = 0;
+        std::vector<double> o(D, 0.0);
+        for (int j = 0; j < c.kv[b]; ++j) {
+          if (logit[j] == -INFINITY) continue;
+          const double e = std::exp(logit[j] - mx);
+          sum += e;
+          for (int d = 0; d < D; ++d) o[d] += e * vals[b][(size_t(j) * hk + kh) * D + d];
+        }
+        for (int d = 0; d < D; ++d) {
+          const double ref = sum > 0 ? o[d] / sum : 0.0;
+          const double got = __bfloat162float(out[row * D + d]);
+          if (std::isnan(got)) ++bad_nan;
+          const double e = std::fabs(got - ref);
+          if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e, wrow = static_cast<int>(row / hq), wcol = d;
+        }
+        const double ref_lse = sum > 0 ? (mx + std::log(sum)) / std::log(2.0) : -INFINITY;
+        const double got_lse = lse[row];
+        if (std::isinf(ref_lse) ? !(std::isinf(got_lse) && got_lse < 0) : !(std::fabs(got_lse - ref_lse) <= worst_lse))
+          worst_lse = std::isinf(ref_lse) ? INFINITY : std::fabs(got_lse - ref_lse);
+      }
+  }
+  const bool ok = worst <= 3e-2 && worst_lse <= 1e-2 && bad_nan == 0;
+  std::printf("  %-34s %s: max|out-ref| %.2e at (q %d, d %d), max|lse-ref| %.2e, NaN %d  %s\n", c.name,
+              kernel ? "fa3" : "fa2", worst, wrow, wcol, worst_lse, bad_nan, ok ? "ok" : "FAIL");
+  for (const void* ptr : {p.q, (const void*)p.qo_indptr, (const void*)p.kv_len, p.kv.k, p.kv.v,
+                          (const void*)p.kv.page_indptr, (const void*)p.kv.page_indices, (const void*)p.work_request,
+                          (const void*)p.work_q_start, (const void*)p.out, (const void*)p.lse})
+    cudaFree(const_cast<void*>(ptr));
+  return ok ? 0 : 1;
+}
+
+int run(const Case& c) {
+  int fails = 0;
+  for (int kernel : {kPrefillKernelFA2, kPrefillKernelFA3}) {
+    if (c.head_dim == 64) fails += run_case<64>(c, kernel);
+    if (c.head_dim == 128) fails += run_case<128>(c, kernel);
+    if (c.head_dim == 256) fails += run_case<256>(c, kernel);
+  }
+  return fails;
+}
+
+}  // namespace
+
+int main() {
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  std::printf("device: %s (cc %d.%d)\n", prop.name, prop.major, prop.minor);
+  const Case cases[] = {
+      // One tile, no masks: S = Q K^T layout (K-major descriptors) and P V (MN-major V).
+      {"single 64x64 d128 (one tile)", 128, {64}, {64}, 0, false, false, -1},
+      {"single 64x128 d64 (one tile)", 64, {64}, {128}, 0, false, false, -1},
+      {"single 64x64 d256 (one tile)", 256, {64}, {64}, 0, false, false, -1},
+      {"single 64x640 d128 (pipeline)", 128, {64}, {640}, 0, false, false, -1},
+      {"single 200x300 d128 causal", 128, {200}, {300}, 0, false, true, -1},
+      {"single 130x130 d64 causal window 37", 64, {130}, {130}, 0, false, true, 37},
+      {"single 7x1023 d256 causal", 256, {7}, {1023}, 0, false, true, -1},
+      {"paged NHD page16 d128 causal", 128, {100, 1, 64}, {300, 1, 70}, 16, false, true, -1},
+      {"paged HND page16 d64", 64, {33, 90}, {130, 200}, 16, true, false, -1},
+      {"paged NHD page128 d128 (tile in page)", 128, {70, 5}, {300, 129}, 128, false, true, -1},
+      {"paged HND page32 d256 causal", 256, {65, 3}, {150, 40}, 32, true, true, -1},
+      {"ragged d128 causal", 128, {70, 1, 200}, {90, 1, 200}, 0, false, true, -1},
+  };
+  int fails = 0;
+  for (const Case& c : cases) fails += run(c);
+  std::printf("%s (%d failing)\n", fails ? "FAIL" : "all ok", fails);
+  return fails ? 1 : 0;
+}
