@@ -28,9 +28,7 @@
 
 namespace kiln::attention {
 
-constexpr int kPrefillWarps = 8;
-constexpr int kPrefillThreads = 32 * kPrefillWarps;
-constexpr int kPrefillQueries = 16 * kPrefillWarps;  // queries per CTA (work item)
+constexpr int kPrefillQueries = 128;  // queries per CTA (one plan work item)
 static_assert(kPrefillQueries == kPrefillQueriesPerItem, "one CTA serves one plan work item");
 
 // n / d for n < 2^31 with a multiply and a shift (Granlund-Montgomery): the page of a token is
@@ -59,19 +57,23 @@ struct PrefillShape {
   static constexpr int TILE = HEAD_DIM >= 256 ? 32 : 64;  // KV tokens per tile (registers for S)
   static constexpr int KSTEPS = HEAD_DIM / 16;
   static constexpr int NTILES = HEAD_DIM / 8;
-  // Q fragments live in registers up to head_dim 128; at 256 they would push O past the register
-  // file (32 + 128 + 64 per lane), so Q is staged in shared memory and read per k-step.
-  static constexpr bool Q_IN_SMEM = HEAD_DIM >= 256;
-  static constexpr int STAGES = HEAD_DIM >= 256 ? 2 : 3;  // KV tiles in flight
-  static constexpr int ROWS_PER_STEP = kPrefillThreads / CHUNKS;
-  static constexpr int UNITS = TILE * CHUNKS / kPrefillThreads;  // K (and V) copies per thread
-  static constexpr int MIN_BLOCKS = HEAD_DIM <= 64 ? 2 : 1;
+  // MMA row tiles (16 queries each) per warp. Two let every K/V fragment read from shared memory
+  // feed two MMAs, halving shared-memory traffic per FLOP (the limit with one: 8 warps x 32 KB of
+  // K/V reads per tile). At head_dim 256, O of 32 rows would need 256 registers: one.
+  static constexpr int MT = HEAD_DIM >= 256 ? 1 : 2;
+  static constexpr int WARPS = kPrefillQueries / (16 * MT);
+  static constexpr int THREADS = 32 * WARPS;
+  // KV tiles in flight: Q (staged in shared memory, read per k-step) plus the stages must leave
+  // room for two CTAs per SM at head_dim <= 128.
+  static constexpr int STAGES = HEAD_DIM <= 64 ? 3 : 2;
+  static constexpr int ROWS_PER_STEP = THREADS / CHUNKS;
+  static constexpr int UNITS = TILE * CHUNKS / THREADS;  // K (and V) copies per thread and tile
+  static constexpr int MIN_BLOCKS = HEAD_DIM <= 128 ? 2 : 1;
   static constexpr int kKVUnits = STAGES * 2 * TILE * CHUNKS;
-  static constexpr int kQUnits = Q_IN_SMEM ? kPrefillQueries * CHUNKS : 0;
+  static constexpr int kQUnits = kPrefillQueries * CHUNKS;
   static constexpr size_t kSmemBytes = size_t(kKVUnits + kQUnits) * 16;
   static_assert(CHUNKS >= 8, "the swizzle needs at least 8 chunks per row");
-  static_assert(kPrefillThreads % CHUNKS == 0 && (TILE * CHUNKS) % kPrefillThreads == 0,
-                "a tile copies in whole steps");
+  static_assert(THREADS % CHUNKS == 0 && (TILE * CHUNKS) % THREADS == 0, "a tile copies in whole steps");
 };
 
 // Chunk `chunk` of row `row` in a swizzled [rows][CHUNKS] tile: the XOR spreads the 8 rows an
@@ -82,11 +84,11 @@ __device__ __forceinline__ int swz(int row, int chunk) {
 }
 
 template <typename T, int HEAD_DIM, bool SOFTCAP>
-__global__ void __launch_bounds__(kPrefillThreads, (PrefillShape<T, HEAD_DIM>::MIN_BLOCKS))
+__global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillShape<T, HEAD_DIM>::MIN_BLOCKS)
     prefill_paged_kernel(const PrefillParams p, const FastDiv page_div) {
   using S = PrefillShape<T, HEAD_DIM>;
   constexpr int CHUNKS = S::CHUNKS, VEC = S::VEC, TILE = S::TILE, KSTEPS = S::KSTEPS, NTILES = S::NTILES;
-  constexpr int STAGES = S::STAGES, UNITS = S::UNITS;
+  constexpr int STAGES = S::STAGES, UNITS = S::UNITS, MT = S::MT, THREADS = S::THREADS;
   constexpr int NT = TILE / 8;  // n-tiles of S per tile
   extern __shared__ uint4 smem[];
   uint4* q_smem = smem + S::kKVUnits;
@@ -102,8 +104,9 @@ __global__ void __launch_bounds__(kPrefillThreads, (PrefillShape<T, HEAD_DIM>::M
   const int q0 = p.work_q_start[blockIdx.x];
   const int head = blockIdx.y;
   const int kv_head = head / int(p.num_qo_heads / p.num_kv_heads);
-  const int row0 = q0 + warp * 16;                  // this warp's first query
-  const int row_last = min(row0 + 15, qo_len - 1);  // its last real query (< row0: none)
+  const int wrow = warp * 16 * MT;                           // the warp's first row in the CTA
+  const int row0 = q0 + wrow;                                // ... and its first query
+  const int row_last = min(row0 + 16 * MT - 1, qo_len - 1);  // its last real query (< row0: none)
   const T* q = static_cast<const T*>(p.q) + head * p.q_stride_h;
 
   // KV range of the CTA: causal stops after the last query's diagonal, a window starts at the
@@ -147,34 +150,23 @@ __global__ void __launch_bounds__(kPrefillThreads, (PrefillShape<T, HEAD_DIM>::M
     }
   };
 
-  // Q: fragments in registers (rows g, g+8 of the warp's 16; zero past qo_len), or the CTA's 128
-  // rows staged in shared memory with the first KV tile.
-  uint32_t qa[S::Q_IN_SMEM ? 1 : KSTEPS][4];
-  if constexpr (S::Q_IN_SMEM) {
-    for (int unit = threadIdx.x; unit < kPrefillQueries * CHUNKS; unit += kPrefillThreads) {
-      const int row = unit / CHUNKS, chunk = unit % CHUNKS;
-      const bool valid = q0 + row < qo_len;
-      const T* src = q + int64_t(q_begin + (valid ? q0 + row : 0)) * p.q_stride_n + chunk * VEC;
-      cp_async_16(q_smem + swz<CHUNKS>(row, chunk), src, valid);
-    }
-  } else {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int qi = row0 + g + (r & 1) * 8;
-      const T* qrow = q + int64_t(q_begin + qi) * p.q_stride_n;
-#pragma unroll
-      for (int kk = 0; kk < KSTEPS; ++kk) {
-        const int col = kk * 16 + 2 * t + (r >> 1) * 8;
-        qa[kk][r] = qi < qo_len ? *reinterpret_cast<const uint32_t*>(qrow + col) : 0u;
-      }
-    }
+  // Q: the CTA's 128 rows staged in shared memory with the first KV tile (zero past qo_len), read
+  // per k-step as A fragments.
+  for (int unit = threadIdx.x; unit < kPrefillQueries * CHUNKS; unit += THREADS) {
+    const int row = unit / CHUNKS, chunk = unit % CHUNKS;
+    const bool valid = q0 + row < qo_len;
+    const T* src = q + int64_t(q_begin + (valid ? q0 + row : 0)) * p.q_stride_n + chunk * VEC;
+    cp_async_16(q_smem + swz<CHUNKS>(row, chunk), src, valid);
   }
 
-  float o[NTILES][4];
+  float o[MT][NTILES][4];
 #pragma unroll
-  for (int n = 0; n < NTILES; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  float m[2] = {neg_inf(), neg_inf()};  // running max, in scaled log2 units
-  float l[2] = {0.0f, 0.0f};
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < NTILES; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
+  float m[MT][2], l[MT][2];  // running max (scaled log2 units) and sum, rows g and g + 8
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = neg_inf(), l[mt][0] = l[mt][1] = 0.0f;
 
   // Prologue: STAGES - 1 tiles in flight (one commit group each, empty past the end), and the
   // pages of the next one in registers.
@@ -194,7 +186,6 @@ __global__ void __launch_bounds__(kPrefillThreads, (PrefillShape<T, HEAD_DIM>::M
   const float kfac = SOFTCAP ? 1.0f : p.sm_scale * kLog2e;
   const float cap_in = p.sm_scale / p.soft_cap, cap_out = p.soft_cap * kLog2e;
   const int ld_row = lane % 8, ld_mat = lane / 8;
-  const int qi0 = row0 + g, qi1 = row0 + g + 8;  // this lane's two query rows
   for (int tile = 0; tile < num_tiles; ++tile) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // tile `tile` has landed for every warp, and every warp is done with tile - 1
@@ -215,118 +206,143 @@ __global__ void __launch_bounds__(kPrefillThreads, (PrefillShape<T, HEAD_DIM>::M
     // Only tiles that cross the end of the keys, the diagonal or the window edge need masks.
     bool need_mask = tile_tok_last >= kv_end;
     if (p.causal) need_mask = need_mask || tile_tok_last > row0 + offset;
-    if (p.window_left >= 0) need_mask = need_mask || tile_tok0 < row0 + 15 + offset - p.window_left;
+    if (p.window_left >= 0) need_mask = need_mask || tile_tok0 < row0 + 16 * MT - 1 + offset - p.window_left;
 
     const int stage = tile % STAGES;
     const uint4* kt = smem + (stage * 2 + 0) * TILE * CHUNKS;
     const uint4* vt = smem + (stage * 2 + 1) * TILE * CHUNKS;
 
-    float s[NT][4];
+    // S = Q K^T: each K fragment feeds the MT row tiles.
+    float s[MT][NT][4];
 #pragma unroll
-    for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int n = 0; n < NT; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < KSTEPS; ++kk) {
-      const uint32_t (&a)[4] = qa[S::Q_IN_SMEM ? 0 : kk];
-      if constexpr (S::Q_IN_SMEM) {
-        const int row = warp * 16 + (ld_mat & 1) * 8 + ld_row, chunk = 2 * kk + (ld_mat >> 1);
-        ldmatrix_x4(qa[0], q_smem + swz<CHUNKS>(row, chunk));
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int row = wrow + mt * 16 + (ld_mat & 1) * 8 + ld_row, chunk = 2 * kk + (ld_mat >> 1);
+        ldmatrix_x4(a[mt], q_smem + swz<CHUNKS>(row, chunk));
       }
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         uint32_t b[4];
         const int tok = np * 16 + (ld_mat / 2) * 8 + ld_row, chunk = 2 * kk + ld_mat % 2;
         ldmatrix_x4(b, kt + swz<CHUNKS>(tok, chunk));
-        mma_16x8x16<T>(s[2 * np], a, b[0], b[1]);
-        mma_16x8x16<T>(s[2 * np + 1], a, b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16x8x16<T>(s[mt][2 * np], a[mt], b[0], b[1]);
+          mma_16x8x16<T>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+        }
       }
     }
     if constexpr (SOFTCAP) {
 #pragma unroll
-      for (int n = 0; n < NT; ++n)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) s[n][i] = tanhf(s[n][i] * cap_in) * cap_out;
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) s[mt][n][i] = tanhf(s[mt][n][i] * cap_in) * cap_out;
     }
     if (need_mask) {
 #pragma unroll
-      for (int n = 0; n < NT; ++n) {
+      for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int key = tile_tok0 + n * 8 + 2 * t + (i & 1);
-          const int qpos = ((i >> 1) ? qi1 : qi0) + offset;
-          bool valid = key < kv_end;
-          if (p.causal) valid = valid && key <= qpos;
-          if (p.window_left >= 0) valid = valid && key >= qpos - p.window_left;
-          if (!valid) s[n][i] = neg_inf();
+        for (int n = 0; n < NT; ++n) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int key = tile_tok0 + n * 8 + 2 * t + (i & 1);
+            const int qpos = row0 + mt * 16 + g + (i >> 1) * 8 + offset;
+            bool valid = key < kv_end;
+            if (p.causal) valid = valid && key <= qpos;
+            if (p.window_left >= 0) valid = valid && key >= qpos - p.window_left;
+            if (!valid) s[mt][n][i] = neg_inf();
+          }
         }
       }
     }
-    float m_use[2];
+    float m_use[MT][2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float row_max = neg_inf();
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int n = 0; n < NT; ++n) row_max = fmaxf(row_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
-      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
-      const float m_new = fmaxf(m[r], row_max * kfac);
-      const float rescale = scale_from(m[r], m_new);
-      l[r] *= rescale;
-      // Past the first tiles the running max rarely moves: skip the O rescale when it moved for
-      // no row of the warp (a vote, so the branch stays uniform).
-      if (__any_sync(0xffffffffu, rescale != 1.0f)) {
+      for (int r = 0; r < 2; ++r) {
+        float row_max = neg_inf();
 #pragma unroll
-        for (int n = 0; n < NTILES; ++n) {
-          o[n][2 * r] *= rescale;
-          o[n][2 * r + 1] *= rescale;
+        for (int n = 0; n < NT; ++n) row_max = fmaxf(row_max, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
+        row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
+        row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
+        const float m_new = fmaxf(m[mt][r], row_max * kfac);
+        const float rescale = scale_from(m[mt][r], m_new);
+        l[mt][r] *= rescale;
+        // Past the first tiles the running max rarely moves: skip the O rescale when it moved for
+        // no row of the warp (a vote, so the branch stays uniform).
+        if (__any_sync(0xffffffffu, rescale != 1.0f)) {
+#pragma unroll
+          for (int n = 0; n < NTILES; ++n) {
+            o[mt][n][2 * r] *= rescale;
+            o[mt][n][2 * r + 1] *= rescale;
+          }
         }
+        m[mt][r] = m_new;
+        m_use[mt][r] = m_new == neg_inf() ? 0.0f : m_new;  // a row with no key yet: exp2(-inf) = 0
       }
-      m[r] = m_new;
-      m_use[r] = m_new == neg_inf() ? 0.0f : m_new;  // a row with no key yet: exp2(-inf) = 0
     }
-    // P V, one k-step (16 tokens = two n-tiles of S) at a time.
+    // O += P V, one k-step (16 tokens = two n-tiles of S) at a time; each V fragment feeds the MT
+    // row tiles.
 #pragma unroll
     for (int ks = 0; ks < NT / 2; ++ks) {
-      uint32_t pa[4];
+      uint32_t pa[MT][4];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float e[4];
+      for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          e[i] = fast_exp2(fmaf(s[2 * ks + h][i], kfac, -m_use[i >> 1]));
-          l[i >> 1] += e[i];
+        for (int h = 0; h < 2; ++h) {
+          float e[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            e[i] = fast_exp2(fmaf(s[mt][2 * ks + h][i], kfac, -m_use[mt][i >> 1]));
+            l[mt][i >> 1] += e[i];
+          }
+          pa[mt][2 * h + 0] = pack2<T>(e[0], e[1]);
+          pa[mt][2 * h + 1] = pack2<T>(e[2], e[3]);
         }
-        pa[2 * h + 0] = pack2<T>(e[0], e[1]);
-        pa[2 * h + 1] = pack2<T>(e[2], e[3]);
       }
 #pragma unroll
       for (int np = 0; np < NTILES / 2; ++np) {
         uint32_t b[4];
         const int tok = ks * 16 + (ld_mat % 2) * 8 + ld_row, chunk = 2 * np + ld_mat / 2;
         ldmatrix_x4_trans(b, vt + swz<CHUNKS>(tok, chunk));
-        mma_16x8x16<T>(o[2 * np], pa, b[0], b[1]);
-        mma_16x8x16<T>(o[2 * np + 1], pa, b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16x8x16<T>(o[mt][2 * np], pa[mt], b[0], b[1]);
+          mma_16x8x16<T>(o[mt][2 * np + 1], pa[mt], b[2], b[3]);
+        }
       }
     }
   }
   cp_async_wait<0>();
 
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int qi = r ? qi1 : qi0;
-    if (qi >= qo_len) continue;
-    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    T* out = static_cast<T*>(p.out) + int64_t(q_begin + qi) * p.out_stride_n + head * p.out_stride_h;
+    for (int r = 0; r < 2; ++r) {
+      float sum = l[mt][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int qi = row0 + mt * 16 + g + r * 8;
+      if (qi >= qo_len) continue;
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      T* out = static_cast<T*>(p.out) + int64_t(q_begin + qi) * p.out_stride_n + head * p.out_stride_h;
 #pragma unroll
-    for (int n = 0; n < NTILES; ++n) {
-      const uint32_t packed = pack2<T>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-      *reinterpret_cast<uint32_t*>(out + n * 8 + 2 * t) = packed;
+      for (int n = 0; n < NTILES; ++n) {
+        const uint32_t packed = pack2<T>(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
+        *reinterpret_cast<uint32_t*>(out + n * 8 + 2 * t) = packed;
+      }
+      if (p.lse != nullptr && t == 0) {
+        p.lse[int64_t(q_begin + qi) * p.lse_stride_n + head] = merged_lse(m[mt][r], sum);
+      }
     }
-    if (p.lse != nullptr && t == 0) p.lse[int64_t(q_begin + qi) * p.lse_stride_n + head] = merged_lse(m[r], l[r]);
   }
 }
 
@@ -350,7 +366,7 @@ Status launch_prefill(const PrefillParams& p, LaunchContext ctx) {
     return Status::Error(1, "prefill: page_size " + std::to_string(p.kv.page_size) + " out of range");
   }
   const FastDiv page_div(static_cast<uint32_t>(p.kv.page_size));
-  kernel<<<grid, kPrefillThreads, S::kSmemBytes, static_cast<cudaStream_t>(ctx.stream)>>>(p, page_div);
+  kernel<<<grid, S::THREADS, S::kSmemBytes, static_cast<cudaStream_t>(ctx.stream)>>>(p, page_div);
   return cuda_status(cudaGetLastError(), "prefill kernel launch");
 }
 
