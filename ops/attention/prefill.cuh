@@ -126,7 +126,18 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
   // page of each of those rows is loaded one tile ahead into registers (pg), so the page table's
   // latency is hidden behind a tile of math instead of stalling every copy.
   const int my_chunk = threadIdx.x % CHUNKS, my_row = threadIdx.x / CHUNKS;
+  // Contiguous KV (single prefill, ragged): a request's token t is row t from its first page, so
+  // there is no page table to read, only a row stride.
+  const bool contiguous = p.kv_contiguous;
+  const int64_t k_row = kv.page_size == 1 ? kv.k_page_stride : kv.k_slot_stride;
+  const int64_t v_row = kv.page_size == 1 ? kv.v_page_stride : kv.v_slot_stride;
+  if (contiguous && num_tiles > 0) {  // (a request without keys may have no page entry)
+    const int64_t first = pages[0];
+    k_head += first * kv.k_page_stride;
+    v_head += first * kv.v_page_stride;
+  }
   auto load_pages = [&](int tile, int32_t (&pg)[UNITS]) {
+    if (contiguous) return;
 #pragma unroll
     for (int u = 0; u < UNITS; ++u) {
       const int tok = kv_start + tile * TILE + my_row + u * S::ROWS_PER_STEP;
@@ -142,11 +153,18 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
       const int tok = kv_start + tile * TILE + row;
       const bool valid = tok < kv_end;
       const uint32_t utok = valid ? static_cast<uint32_t>(tok) : 0u;
-      const int64_t slot = utok - page_div.div(utok) * page_div.d;
-      const int64_t page = pg[u];
       const int phys = swz<CHUNKS>(row, my_chunk);
-      cp_async_16(kdst + phys, k_head + page * kv.k_page_stride + slot * kv.k_slot_stride + my_chunk * VEC, valid);
-      cp_async_16(vdst + phys, v_head + page * kv.v_page_stride + slot * kv.v_slot_stride + my_chunk * VEC, valid);
+      int64_t koff, voff;
+      if (contiguous) {
+        koff = utok * k_row, voff = utok * v_row;
+      } else {
+        const int64_t slot = utok - page_div.div(utok) * page_div.d;
+        const int64_t page = pg[u];
+        koff = page * kv.k_page_stride + slot * kv.k_slot_stride;
+        voff = page * kv.v_page_stride + slot * kv.v_slot_stride;
+      }
+      cp_async_16(kdst + phys, k_head + koff + my_chunk * VEC, valid);
+      cp_async_16(vdst + phys, v_head + voff + my_chunk * VEC, valid);
     }
   };
 
