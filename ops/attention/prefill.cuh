@@ -15,6 +15,7 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 #include <string>
 
@@ -147,24 +148,29 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
   auto issue_kv = [&](int stage, int tile, const int32_t (&pg)[UNITS]) {
     uint4* kdst = smem + (stage * 2 + 0) * TILE * CHUNKS;
     uint4* vdst = smem + (stage * 2 + 1) * TILE * CHUNKS;
+    const int tok0 = kv_start + tile * TILE + my_row;
+    if (contiguous) {
+#pragma unroll
+      for (int u = 0; u < UNITS; ++u) {
+        const int row = my_row + u * S::ROWS_PER_STEP, tok = tok0 + u * S::ROWS_PER_STEP;
+        const bool valid = tok < kv_end;
+        const int64_t utok = valid ? tok : 0;
+        const int phys = swz<CHUNKS>(row, my_chunk);
+        cp_async_16(kdst + phys, k_head + utok * k_row + my_chunk * VEC, valid);
+        cp_async_16(vdst + phys, v_head + utok * v_row + my_chunk * VEC, valid);
+      }
+      return;
+    }
 #pragma unroll
     for (int u = 0; u < UNITS; ++u) {
-      const int row = my_row + u * S::ROWS_PER_STEP;
-      const int tok = kv_start + tile * TILE + row;
+      const int row = my_row + u * S::ROWS_PER_STEP, tok = tok0 + u * S::ROWS_PER_STEP;
       const bool valid = tok < kv_end;
       const uint32_t utok = valid ? static_cast<uint32_t>(tok) : 0u;
+      const int64_t slot = utok - page_div.div(utok) * page_div.d;
+      const int64_t page = pg[u];
       const int phys = swz<CHUNKS>(row, my_chunk);
-      int64_t koff, voff;
-      if (contiguous) {
-        koff = utok * k_row, voff = utok * v_row;
-      } else {
-        const int64_t slot = utok - page_div.div(utok) * page_div.d;
-        const int64_t page = pg[u];
-        koff = page * kv.k_page_stride + slot * kv.k_slot_stride;
-        voff = page * kv.v_page_stride + slot * kv.v_slot_stride;
-      }
-      cp_async_16(kdst + phys, k_head + koff + my_chunk * VEC, valid);
-      cp_async_16(vdst + phys, v_head + voff + my_chunk * VEC, valid);
+      cp_async_16(kdst + phys, k_head + page * kv.k_page_stride + slot * kv.k_slot_stride + my_chunk * VEC, valid);
+      cp_async_16(vdst + phys, v_head + page * kv.v_page_stride + slot * kv.v_slot_stride + my_chunk * VEC, valid);
     }
   };
 
@@ -265,23 +271,28 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
           for (int i = 0; i < 4; ++i) s[mt][n][i] = tanhf(s[mt][n][i] * cap_in) * cap_out;
     }
     if (need_mask) {
+      // Branch-free: each row's visible keys are one interval [lo, hi] (end of keys, causal
+      // diagonal, window edge), so an element costs two compares and a select.
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
+        for (int r = 0; r < 2; ++r) {
+          const int qpos = row0 + mt * 16 + g + r * 8 + offset;
+          const int hi = p.causal ? min(kv_end - 1, qpos) : kv_end - 1;
+          const int lo = p.window_left >= 0 ? qpos - p.window_left : INT_MIN;
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int key = tile_tok0 + n * 8 + 2 * t + (i & 1);
-            const int qpos = row0 + mt * 16 + g + (i >> 1) * 8 + offset;
-            bool valid = key < kv_end;
-            if (p.causal) valid = valid && key <= qpos;
-            if (p.window_left >= 0) valid = valid && key >= qpos - p.window_left;
-            if (!valid) s[mt][n][i] = neg_inf();
+          for (int n = 0; n < NT; ++n) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const int key = tile_tok0 + n * 8 + 2 * t + j;
+              s[mt][n][2 * r + j] = (key >= lo && key <= hi) ? s[mt][n][2 * r + j] : neg_inf();
+            }
           }
         }
       }
     }
-    float m_use[MT][2];
+    float m_use[MT][2], rescale[MT][2];
+    bool moved = false;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -292,20 +303,22 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
         row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
         row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
         const float m_new = fmaxf(m[mt][r], row_max * kfac);
-        const float rescale = scale_from(m[mt][r], m_new);
-        l[mt][r] *= rescale;
-        // Past the first tiles the running max rarely moves: skip the O rescale when it moved for
-        // no row of the warp (a vote, so the branch stays uniform).
-        if (__any_sync(0xffffffffu, rescale != 1.0f)) {
-#pragma unroll
-          for (int n = 0; n < NTILES; ++n) {
-            o[mt][n][2 * r] *= rescale;
-            o[mt][n][2 * r + 1] *= rescale;
-          }
-        }
+        rescale[mt][r] = scale_from(m[mt][r], m_new);
+        l[mt][r] *= rescale[mt][r];
+        moved = moved || rescale[mt][r] != 1.0f;
         m[mt][r] = m_new;
         m_use[mt][r] = m_new == neg_inf() ? 0.0f : m_new;  // a row with no key yet: exp2(-inf) = 0
       }
+    }
+    // Past the first tiles the running max rarely moves: skip the O rescale when it moved for no
+    // row of the warp (one vote, so the branch stays uniform).
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < NTILES; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) o[mt][n][i] *= rescale[mt][i >> 1];
     }
     // O += P V, one k-step (16 tokens = two n-tiles of S) at a time; each V fragment feeds the MT
     // row tiles.
