@@ -26,6 +26,7 @@ same batch size.
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 from dataclasses import dataclass
@@ -317,6 +318,35 @@ def _heads_per_cta(group_size: int) -> int:
 
 
 _single_workspaces: dict[torch.device, torch.Tensor] = {}
+# Planned one-request wrappers by shape and options: a repeated call costs no host scheduling and
+# no host-to-device copies (and can be captured in a CUDA graph). Bounded, least recently used out.
+_single_plans: collections.OrderedDict[tuple, BatchDecodeWithPagedKVCacheWrapper] = collections.OrderedDict()
+_SINGLE_PLANS_MAX = 64
+
+
+def _single_decode_wrapper(q, k, kv_layout, kv_len, kv_heads, pos_encoding_mode, window_left, logits_soft_cap,
+                           sm_scale) -> BatchDecodeWithPagedKVCacheWrapper:
+    num_qo_heads, head_dim = q.shape
+    dev = q.device
+    key = (dev, kv_layout, kv_len, num_qo_heads, kv_heads, head_dim, pos_encoding_mode, window_left,
+           logits_soft_cap, q.dtype, k.dtype, sm_scale)
+    wrapper = _single_plans.get(key)
+    if wrapper is not None:
+        _single_plans.move_to_end(key)
+        return wrapper
+    workspace = _single_workspaces.get(dev)
+    if workspace is None:
+        workspace = _single_workspaces[dev] = torch.empty(32 << 20, dtype=torch.uint8, device=dev)
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout)
+    wrapper.plan(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0], dtype=torch.int32, device=dev),
+                 torch.tensor([kv_len], dtype=torch.int32), num_qo_heads, kv_heads, head_dim, kv_len,
+                 pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+                 logits_soft_cap=logits_soft_cap,
+                 q_data_type=q.dtype, kv_data_type=k.dtype, sm_scale=sm_scale)
+    _single_plans[key] = wrapper
+    while len(_single_plans) > _SINGLE_PLANS_MAX:
+        _single_plans.popitem(last=False)
+    return wrapper
 
 
 @logged_api
@@ -343,16 +373,8 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         out = torch.zeros_like(q)
         lse = torch.full((num_qo_heads,), -math.inf, dtype=torch.float32, device=q.device)
         return (out, lse) if return_lse else out
-    workspace = _single_workspaces.get(q.device)
-    if workspace is None:
-        workspace = _single_workspaces[q.device] = torch.empty(32 << 20, dtype=torch.uint8, device=q.device)
-    wrapper = BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout)
-    dev = q.device
-    wrapper.plan(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0], dtype=torch.int32, device=dev),
-                 torch.tensor([kv_len], dtype=torch.int32), num_qo_heads, kv_heads, head_dim, kv_len,
-                 pos_encoding_mode=pos_encoding_mode, window_left=window_left,
-                 logits_soft_cap=logits_soft_cap,
-                 q_data_type=q.dtype, kv_data_type=k.dtype, sm_scale=sm_scale)
+    wrapper = _single_decode_wrapper(q, k, kv_layout, kv_len, kv_heads, pos_encoding_mode, window_left,
+                                     logits_soft_cap, sm_scale)
     result = wrapper.run(q.unsqueeze(0), (k.unsqueeze(0), v.unsqueeze(0)), q_scale=q_scale, k_scale=k_scale,
                          v_scale=v_scale, return_lse=return_lse)
     if return_lse:

@@ -111,6 +111,27 @@ def test_single_decode(device, layout, kv_len):
 
 
 @pytest.mark.parametrize("device", device_params())
+def test_single_decode_reuses_its_plan_per_shape(device):
+    """A repeated call of the same shape and options plans once (no host work, no copies); another
+    kv_len or option gets its own plan, and new data through a reused plan is still right."""
+    from kiln import decode
+
+    decode._single_plans.clear()
+    gen = torch.Generator().manual_seed(3)
+    hq, hk, d = 8, 2, 64
+    results = []
+    for kv_len, soft_cap in [(300, None), (300, None), (301, None), (300, 30.0)]:
+        k = torch.randn(kv_len, hk, d, generator=gen).to(device=device, dtype=torch.float16)
+        v = torch.randn(kv_len, hk, d, generator=gen).to(device=device, dtype=torch.float16)
+        q = torch.randn(hq, d, generator=gen).to(device=device, dtype=torch.float16)
+        out = kiln.single_decode_with_kv_cache(q, k, v, logits_soft_cap=soft_cap)
+        results.append(len(decode._single_plans))
+        if soft_cap is None:
+            torch.testing.assert_close(out.float(), reference_decode(q, k, v)[0], rtol=1e-2, atol=1e-2)
+    assert results == [1, 1, 2, 3]
+
+
+@pytest.mark.parametrize("device", device_params())
 def test_split_kv_is_deterministic_and_matches_unsplit(device):
     """The same plan gives bitwise-identical results; a split plan agrees with the reference."""
     gen = torch.Generator().manual_seed(5)
