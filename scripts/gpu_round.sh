@@ -10,7 +10,8 @@
 # default every module of //ops/...); the tests use the same cache (KILN_TEST_WORKSPACE).
 # TEST_TIMEOUT (s, default 420) bounds the tests, TEST_WORKERS=N runs them in N pytest-xdist
 # processes. WARM_PEERS=1 builds the peers' JIT modules (FlashInfer) in the background while the
-# tests run, so the benchmarks do not wait for them (logged in setup.log).
+# tests run, so the benchmarks do not wait for them (logged in setup.log); WARM_ROUTINES="a b"
+# limits that to those routines.
 # ROUTINES (default all): what the eager `run` covers, `all` or a comma-separated list in order;
 # GRAPH_ROUTINES (default all) likewise for --cuda-graph. DEADLINE (s after the start, default
 # none) stops each benchmark run there; its JSON lines keep every result that finished.
@@ -62,6 +63,7 @@ warm_pid=
 if [ -n "${WARM_PEERS:-}" ] && [ -z "${SKIP_HARNESS:-}" ]; then
   # One small check per definition and peer backend: builds the JIT modules the run will load.
   timeout "$(left)" python3 - >"$OUT/warm_peers.log" 2>&1 <<'PY' &
+import os
 import time
 
 import torch
@@ -72,7 +74,10 @@ from benchmarks.routines import ROUTINES
 from benchmarks.selection import select
 
 dev, dtype = torch.device("cuda"), "bfloat16"
+only = [n for n in os.environ.get("WARM_ROUTINES", "").replace(",", " ").split() if n]
 for name, r in ROUTINES.items():
+    if only and name not in only:
+        continue
     peers = [b for b in r.backends if b.name.startswith("flashinfer")]
     if not peers or dtype not in r.template.dtypes:
         continue
