@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
     // ---------------- producer ----------------
     if constexpr (S::MIN_BLOCKS > 1) sm90::setmaxnreg_dec<S::PRODUCER_REGS>();
     if (threadIdx.x != 0) return;
-    sm90::prefetch_tensor_map(&tq);
+    if constexpr (!S::Q_IN_REGS) sm90::prefetch_tensor_map(&tq);  // tq is unset otherwise
     sm90::prefetch_tensor_map(&tk);
     sm90::prefetch_tensor_map(&tv);
     if constexpr (!S::Q_IN_REGS) {
@@ -152,43 +152,42 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
     const int32_t* pages = p.kv.page_indices + p.kv.page_indptr[request];
     const int num_pages = p.kv.page_indptr[request + 1] - p.kv.page_indptr[request];
     const int page_size = static_cast<int>(p.kv.page_size);
-    const int B = boxes.rows;
-    // Issues the boxes of one K or V tile; returns the bytes they bring.
-    auto load_tile = [&](const CUtensorMap* map, uint8_t* dst, uint64_t* bar, int tok0, bool issue) {
-      uint32_t bytes = 0;
-      if (boxes.page_axis) {
-        if (issue) {
-#pragma unroll
-          for (int c = 0; c < CHUNKS; ++c) {
-            sm90::tma_load_4d(dst + c * S::KV_CHUNK_BYTES, map, bar, c * 64, 0, kv_head, pages[0] + tok0);
-          }
-        }
-        return uint32_t(CHUNKS * S::KV_CHUNK_BYTES);
-      }
-      for (int r = 0; r < N; r += B) {
-        const int tok = tok0 + r, pi = tok / page_size;
-        if (pi >= num_pages) break;  // past the request's pages: rows >= kv_len, zeroed later
-        if (issue) {
-#pragma unroll
-          for (int c = 0; c < CHUNKS; ++c) {
-            sm90::tma_load_4d(dst + c * S::KV_CHUNK_BYTES + r * 128, map, bar, c * 64, tok % page_size, kv_head,
-                              pages[pi]);
-          }
-        }
-        bytes += CHUNKS * B * 128;
-      }
-      return bytes;
-    };
+    const int B = boxes.rows, nbox = boxes.page_axis ? 1 : N / B;
+    constexpr int MAX_BOXES = N / 16;  // B >= 16 or B == N (prefill_sm90_boxes)
     for (int i = 0; i < num_tiles; ++i) {
       const int s = i % STAGES;
       const uint32_t phase = (i / STAGES) & 1;
       const int tok0 = kv_start + i * N;
+      // The tile's boxes: (page, first slot) each, or -1 past the request's pages (rows >= kv_len,
+      // not loaded: the consumer masks them and zeroes V there). The page-table loads are
+      // independent (one latency, not one per box) and shared by K and V.
+      int box_page[MAX_BOXES], box_slot[MAX_BOXES];
+      uint32_t bytes = 0;
+#pragma unroll
+      for (int b = 0; b < MAX_BOXES; ++b) {
+        const int tok = tok0 + b * B, pi = tok / page_size;
+        const bool load = b < nbox && (boxes.page_axis || pi < num_pages);
+        box_page[b] = !load ? -1 : boxes.page_axis ? pages[0] + tok0 : pages[pi];
+        box_slot[b] = boxes.page_axis ? 0 : tok % page_size;
+        bytes += load ? uint32_t(CHUNKS * (boxes.page_axis ? N : B) * 128) : 0u;
+      }
+      auto issue = [&](const CUtensorMap* map, uint8_t* dst, uint64_t* bar) {
+#pragma unroll
+        for (int b = 0; b < MAX_BOXES; ++b) {
+          if (box_page[b] < 0) continue;
+#pragma unroll
+          for (int c = 0; c < CHUNKS; ++c) {
+            sm90::tma_load_4d(dst + c * S::KV_CHUNK_BYTES + b * B * 128, map, bar, c * 64, box_slot[b], kv_head,
+                              box_page[b]);
+          }
+        }
+      };
       sm90::mbar_wait(&k_empty[s], phase ^ 1);
-      sm90::mbar_arrive_expect_tx(&k_full[s], load_tile(&tk, nullptr, nullptr, tok0, false));
-      load_tile(&tk, sk + s * S::KV_BYTES, &k_full[s], tok0, true);
+      sm90::mbar_arrive_expect_tx(&k_full[s], bytes);
+      issue(&tk, sk + s * S::KV_BYTES, &k_full[s]);
       sm90::mbar_wait(&v_empty[s], phase ^ 1);
-      sm90::mbar_arrive_expect_tx(&v_full[s], load_tile(&tv, nullptr, nullptr, tok0, false));
-      load_tile(&tv, sv + s * S::KV_BYTES, &v_full[s], tok0, true);
+      sm90::mbar_arrive_expect_tx(&v_full[s], bytes);
+      issue(&tv, sv + s * S::KV_BYTES, &v_full[s]);
     }
     return;
   }
