@@ -51,6 +51,10 @@ struct Case {
   bool hnd;  // paged layout
   bool causal;
   int window_left;
+  // Diagnostics that isolate one GEMM: q = 0 makes S = 0 whatever K's layout, so the output is
+  // the mean of V's rows (tests only the P V path); v = identity (kv_len = head_dim, one kv head
+  // pattern per head) makes the output P itself (tests only the Q K^T path and the softmax).
+  int diag = 0;  // 0 none, 1 q = 0, 2 v = identity
 };
 
 template <int D>
@@ -62,7 +66,8 @@ int run_case(const Case& c, int kernel) {
   for (int b = 0; b < batch; ++b) qo_indptr[b + 1] = qo_indptr[b] + c.qo[b];
   const int total_q = qo_indptr[batch];
   std::vector<__nv_bfloat16> q(size_t(total_q) * hq * D);
-  for (auto& x : q) x = __float2bfloat16(nd(rng));
+  // (x3 for v = identity: peaky probabilities, so a misplaced one shows as an O(1) error)
+  for (auto& x : q) x = __float2bfloat16(c.diag == 1 ? 0.0f : c.diag == 2 ? 3.0f * nd(rng) : nd(rng));
   // Keys per request (token-major, [kv, hk, D]) and the cache built from them.
   std::vector<std::vector<float>> keys(batch), vals(batch);
   for (int b = 0; b < batch; ++b) {
@@ -70,6 +75,9 @@ int run_case(const Case& c, int kernel) {
     vals[b].resize(keys[b].size());
     for (auto& x : keys[b]) x = __bfloat162float(__float2bfloat16(nd(rng)));
     for (auto& x : vals[b]) x = __bfloat162float(__float2bfloat16(nd(rng)));
+    if (c.diag == 2) {  // v[t][h][d] = (t == d)
+      for (size_t at = 0; at < vals[b].size(); ++at) vals[b][at] = (at / (hk * D)) == (at % D) ? 1.0f : 0.0f;
+    }
   }
   const bool paged = c.page > 0, single = !paged && batch == 1;
   const int page = paged ? c.page : (single ? std::max(c.kv[0], 1) : 1);
@@ -282,6 +290,13 @@ int main() {
   cudaGetDeviceProperties(&prop, 0);
   std::printf("device: %s (cc %d.%d)\n", prop.name, prop.major, prop.minor);
   const Case cases[] = {
+      // Diagnostics first: if a later case fails, these say which GEMM's layout is wrong.
+      {"diag q=0 (P V only) d64", 64, {64}, {128}, 0, false, false, -1, 1},
+      {"diag q=0 (P V only) d128", 128, {64}, {128}, 0, false, false, -1, 1},
+      {"diag q=0 (P V only) d256", 256, {64}, {128}, 0, false, false, -1, 1},
+      {"diag v=I (Q K^T only) d64", 64, {64}, {64}, 0, false, false, -1, 2},
+      {"diag v=I (Q K^T only) d128", 128, {64}, {128}, 0, false, false, -1, 2},
+      {"diag v=I (Q K^T only) d256", 256, {64}, {256}, 0, false, false, -1, 2},
       // One tile, no masks: S = Q K^T layout (K-major descriptors) and P V (MN-major V).
       {"single 64x64 d128 (one tile)", 128, {64}, {64}, 0, false, false, -1},
       {"single 64x128 d64 (one tile)", 64, {64}, {128}, 0, false, false, -1},
