@@ -71,17 +71,22 @@ struct Sm90Shape {
   static_assert(MIN_BLOCKS == 1 || 2 * (kSmemBytes + 2048) <= 228 * 1024, "two CTAs per SM");
 };
 
-// How a KV tile is cut into TMA boxes (host-chosen, see the header comment).
 // Status code of launch_prefill_sm90 when it declines a call before launching anything (the
 // driver refused a tensor map): the caller may run the FA2 kernel instead.
 constexpr int kSm90Declined = 0x5390;
 
+// How a KV tile is cut into TMA boxes (host-chosen, see the header comment).
 struct Sm90KvBoxes {
   int rows;        // B: rows per box
   bool page_axis;  // boxes run along the page axis (ragged: one-token pages)
 };
 
-template <typename T, int HEAD_DIM, bool SOFTCAP>
+// OVERLAP: FA3's intra-warpgroup overlap (S of the next tile and P V of this one in flight during
+// the next softmax; 32-64 more registers, no spills). The plain loop is the default until an H200
+// run shows the overlap faster: tests/cuda/prefill_sm90_selftest.cu checks and times both.
+constexpr bool kSm90Overlap = false;
+
+template <typename T, int HEAD_DIM, bool SOFTCAP, bool OVERLAP = kSm90Overlap>
 __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOCKS)
     prefill_sm90_kernel(const PrefillParams p, const __grid_constant__ CUtensorMap tq,
                         const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
@@ -139,7 +144,7 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
     // ---------------- producer ----------------
     if constexpr (S::MIN_BLOCKS > 1) sm90::setmaxnreg_dec<S::PRODUCER_REGS>();
     if (threadIdx.x != 0) return;
-    sm90::prefetch_tensor_map(&tq);
+    if constexpr (!S::Q_IN_REGS) sm90::prefetch_tensor_map(&tq);  // tq is unset otherwise
     sm90::prefetch_tensor_map(&tk);
     sm90::prefetch_tensor_map(&tv);
     if constexpr (!S::Q_IN_REGS) {
@@ -152,43 +157,42 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
     const int32_t* pages = p.kv.page_indices + p.kv.page_indptr[request];
     const int num_pages = p.kv.page_indptr[request + 1] - p.kv.page_indptr[request];
     const int page_size = static_cast<int>(p.kv.page_size);
-    const int B = boxes.rows;
-    // Issues the boxes of one K or V tile; returns the bytes they bring.
-    auto load_tile = [&](const CUtensorMap* map, uint8_t* dst, uint64_t* bar, int tok0, bool issue) {
-      uint32_t bytes = 0;
-      if (boxes.page_axis) {
-        if (issue) {
-#pragma unroll
-          for (int c = 0; c < CHUNKS; ++c) {
-            sm90::tma_load_4d(dst + c * S::KV_CHUNK_BYTES, map, bar, c * 64, 0, kv_head, pages[0] + tok0);
-          }
-        }
-        return uint32_t(CHUNKS * S::KV_CHUNK_BYTES);
-      }
-      for (int r = 0; r < N; r += B) {
-        const int tok = tok0 + r, pi = tok / page_size;
-        if (pi >= num_pages) break;  // past the request's pages: rows >= kv_len, zeroed later
-        if (issue) {
-#pragma unroll
-          for (int c = 0; c < CHUNKS; ++c) {
-            sm90::tma_load_4d(dst + c * S::KV_CHUNK_BYTES + r * 128, map, bar, c * 64, tok % page_size, kv_head,
-                              pages[pi]);
-          }
-        }
-        bytes += CHUNKS * B * 128;
-      }
-      return bytes;
-    };
+    const int B = boxes.rows, nbox = boxes.page_axis ? 1 : N / B;
+    constexpr int MAX_BOXES = N / 16;  // B >= 16 or B == N (prefill_sm90_boxes)
     for (int i = 0; i < num_tiles; ++i) {
       const int s = i % STAGES;
       const uint32_t phase = (i / STAGES) & 1;
       const int tok0 = kv_start + i * N;
+      // The tile's boxes: (page, first slot) each, or -1 past the request's pages (rows >= kv_len,
+      // not loaded: the consumer masks them and zeroes V there). The page-table loads are
+      // independent (one latency, not one per box) and shared by K and V.
+      int box_page[MAX_BOXES], box_slot[MAX_BOXES];
+      uint32_t bytes = 0;
+#pragma unroll
+      for (int b = 0; b < MAX_BOXES; ++b) {
+        const int tok = tok0 + b * B, pi = tok / page_size;
+        const bool load = b < nbox && (boxes.page_axis || pi < num_pages);
+        box_page[b] = !load ? -1 : boxes.page_axis ? pages[0] + tok0 : pages[pi];
+        box_slot[b] = boxes.page_axis ? 0 : tok % page_size;
+        bytes += load ? uint32_t(CHUNKS * (boxes.page_axis ? N : B) * 128) : 0u;
+      }
+      auto issue = [&](const CUtensorMap* map, uint8_t* dst, uint64_t* bar) {
+#pragma unroll
+        for (int b = 0; b < MAX_BOXES; ++b) {
+          if (box_page[b] < 0) continue;
+#pragma unroll
+          for (int c = 0; c < CHUNKS; ++c) {
+            sm90::tma_load_4d(dst + c * S::KV_CHUNK_BYTES + b * B * 128, map, bar, c * 64, box_slot[b], kv_head,
+                              box_page[b]);
+          }
+        }
+      };
       sm90::mbar_wait(&k_empty[s], phase ^ 1);
-      sm90::mbar_arrive_expect_tx(&k_full[s], load_tile(&tk, nullptr, nullptr, tok0, false));
-      load_tile(&tk, sk + s * S::KV_BYTES, &k_full[s], tok0, true);
+      sm90::mbar_arrive_expect_tx(&k_full[s], bytes);
+      issue(&tk, sk + s * S::KV_BYTES, &k_full[s]);
       sm90::mbar_wait(&v_empty[s], phase ^ 1);
-      sm90::mbar_arrive_expect_tx(&v_full[s], load_tile(&tv, nullptr, nullptr, tok0, false));
-      load_tile(&tv, sv + s * S::KV_BYTES, &v_full[s], tok0, true);
+      sm90::mbar_arrive_expect_tx(&v_full[s], bytes);
+      issue(&tv, sv + s * S::KV_BYTES, &v_full[s]);
     }
     return;
   }
@@ -227,36 +231,33 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
   const uint32_t sq_addr = sm90::smem_u32(sq);
   (void)sq_addr;
 
-  if constexpr (!S::Q_IN_REGS) sm90::mbar_wait(q_full, 0);
-  for (int i = 0; i < num_tiles; ++i) {
+  // S = Q K^T of tile i into acc, issued as one wgmma group (not waited for): HEAD_DIM / 16
+  // k-steps, each 32 bytes further inside the 128-byte chunk rows of K (and Q).
+  auto issue_s = [&](int i, float (&acc)[N / 2]) {
     const int s = i % STAGES;
-    const uint32_t phase = (i / STAGES) & 1;
-    const int tok0 = kv_start + i * N;
     const uint32_t sk_addr = sm90::smem_u32(sk + s * S::KV_BYTES);
-    const uint32_t sv_addr = sm90::smem_u32(sv + s * S::KV_BYTES);
-
-    // S = Q K^T: HEAD_DIM / 16 k-steps; a step moves 32 bytes inside a 128-byte chunk row.
-    float sacc[N / 2];
-    sm90::mbar_wait(&k_full[s], phase);
+    sm90::mbar_wait(&k_full[s], (i / STAGES) & 1);
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
       const uint32_t in_chunk = (kk % 4) * 32;
       const uint64_t db = sm90::smem_desc_sw128(sk_addr + (kk / 4) * S::KV_CHUNK_BYTES + in_chunk, 16, 1024);
       if constexpr (S::Q_IN_REGS) {
-        sm90::wgmma_rs<T, N, false>(sacc, qa[kk], db, kk > 0 ? 1 : 0);
+        sm90::wgmma_rs<T, N, false>(acc, qa[kk], db, kk > 0 ? 1 : 0);
       } else {
         const uint64_t da = sm90::smem_desc_sw128(sq_addr + (kk / 4) * kSm90Queries * 128 + in_chunk, 16, 1024);
-        sm90::wgmma_ss<T, N>(sacc, da, db, kk > 0 ? 1 : 0);
+        sm90::wgmma_ss<T, N>(acc, da, db, kk > 0 ? 1 : 0);
       }
     }
     sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
-    sm90::fence_regs(sacc);
-    sm90::mbar_arrive(&k_empty[s]);
+  };
 
-    // Scale, soft-cap, masks, running max. sacc[4j + i]: row (i < 2 ? qi0 : qi1), key tok0 + 8j
-    // + 2t + (i & 1) (the m64nNk16 accumulator fragment).
+  // Scale, soft-cap, masks and the online-softmax step of tile i on its S accumulators:
+  // acc[4j + e] is row (e < 2 ? qi0 : qi1), key tok0 + 8j + 2t + (e & 1) (the m64nNk16 fragment).
+  // Updates m and l; writes the probabilities (float, same fragment) to pr and the factor O must
+  // be rescaled by. Writes no register a wgmma in flight may read (acc is only read).
+  auto softmax = [&](int i, const float (&acc)[N / 2], float (&pr)[N / 2], float (&rescale)[2]) {
+    const int tok0 = kv_start + i * N;
     // Masks only where some key of the tile may be invisible to some query of the CTA.
     const bool boundary = tok0 + N > kv_end || (p.causal && tok0 + N - 1 > q0 + offset) ||
                           (p.window_left >= 0 && tok0 < q0 + kSm90Queries - 1 + offset - p.window_left);
@@ -265,7 +266,7 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
     for (int j = 0; j < N / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float x = sacc[4 * j + e] * scale;
+        float x = acc[4 * j + e] * scale;
         if constexpr (SOFTCAP) x = tanhf(x) * (p.soft_cap * kLog2e);
         if (boundary) {
           const int key = tok0 + 8 * j + 2 * t + (e & 1);
@@ -275,11 +276,10 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
           if (p.window_left >= 0) valid = valid && key >= qpos - p.window_left;
           x = valid ? x : neg_inf();
         }
-        sacc[4 * j + e] = x;
+        pr[4 * j + e] = x;
         row_max[e >> 1] = fmaxf(row_max[e >> 1], x);
       }
     }
-    float rescale[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
@@ -290,33 +290,43 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
       m[r] = m_new;
     }
 #pragma unroll
+    for (int x = 0; x < N / 2; ++x) {
+      pr[x] = scale_from(pr[x], m[(x >> 1) & 1]);
+      l[(x >> 1) & 1] += pr[x];
+    }
+  };
+
+  // P to 16 bits in the A fragments of the P V k-steps: keys 16ks..16ks+15 are the accumulator
+  // n-blocks 2ks and 2ks+1 (for 16-bit types the accumulator layout of a 16-column slice is the A
+  // layout of one k-step).
+  auto pack_p = [&](const float (&pr)[N / 2], uint32_t (&pa)[N / 16][4]) {
+#pragma unroll
+    for (int ks = 0; ks < N / 16; ++ks) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float* e = pr + 4 * (2 * ks + h);
+        pa[ks][2 * h + 0] = pack2<T>(e[0], e[1]);
+        pa[ks][2 * h + 1] = pack2<T>(e[2], e[3]);
+      }
+    }
+  };
+
+  auto rescale_o = [&](const float (&rescale)[2]) {
+#pragma unroll
     for (int j = 0; j < HEAD_DIM / 8; ++j) {
       o[4 * j + 0] *= rescale[0];
       o[4 * j + 1] *= rescale[0];
       o[4 * j + 2] *= rescale[1];
       o[4 * j + 3] *= rescale[1];
     }
-    // P in the A fragment of k-step ks (keys 16ks..16ks+15 = accumulator n-blocks 2ks, 2ks+1).
-    uint32_t pa[N / 16][4];
-#pragma unroll
-    for (int ks = 0; ks < N / 16; ++ks) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float e[4];
-#pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          e[x] = scale_from(sacc[4 * (2 * ks + h) + x], m[x >> 1]);
-          l[x >> 1] += e[x];
-        }
-        pa[ks][2 * h + 0] = pack2<T>(e[0], e[1]);
-        pa[ks][2 * h + 1] = pack2<T>(e[2], e[3]);
-      }
-    }
+  };
 
-    sm90::mbar_wait(&v_full[s], phase);
+  // Waits for V of tile i; zeroes its rows >= kv_len where they may be stale memory (whole
+  // 128-byte rows, so the swizzle does not matter) before the tensor cores read them.
+  auto prepare_pv = [&](int i) {
+    const int s = i % STAGES, tok0 = kv_start + i * N;
+    sm90::mbar_wait(&v_full[s], (i / STAGES) & 1);
     if (zero_tail && tok0 + N > kv_len) {
-      // Rows >= kv_len of this V tile may be stale memory: zero them (whole 128-byte rows, so
-      // the swizzle does not matter) before the tensor cores read them.
       uint8_t* vt = sv + s * S::KV_BYTES;
       const int first = max(kv_len - tok0, 0);
       for (int idx = ct; idx < CHUNKS * (N - first) * 8; idx += 128) {
@@ -327,9 +337,13 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
       sm90::fence_proxy_async();
       sm90::named_barrier_sync(1, 128);
     }
-    // O += P V: N / 16 k-steps of 16 keys (16 rows of 128 bytes = 2048 bytes each).
-    sm90::fence_regs(o);
-    sm90::fence_regs(pa);
+  };
+
+  // O += P V of tile i, issued as one wgmma group: N / 16 k-steps of 16 keys (16 rows of 128
+  // bytes = 2048 bytes each). The caller fences o and pa first, outside any wgmma in flight
+  // (ptxas serialises wgmma when their input registers are defined inside a pipeline stage).
+  auto issue_pv = [&](int i, uint32_t (&pa)[N / 16][4]) {
+    const uint32_t sv_addr = sm90::smem_u32(sv + (i % STAGES) * S::KV_BYTES);
     sm90::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < N / 16; ++ks) {
@@ -337,10 +351,66 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
       sm90::wgmma_rs<T, HEAD_DIM, true>(o, pa[ks], db, 1);
     }
     sm90::wgmma_commit();
+  };
+
+  if constexpr (!S::Q_IN_REGS) sm90::mbar_wait(q_full, 0);
+  float sacc[N / 2], pr[N / 2], rescale[2];
+  uint32_t pa[N / 16][4];
+  if constexpr (!OVERLAP) {
+    // Each tile in turn: S, softmax, P V; the other CTA on the SM fills the tensor cores meanwhile.
+    for (int i = 0; i < num_tiles; ++i) {
+      issue_s(i, sacc);
+      sm90::wgmma_wait<0>();
+      sm90::fence_regs(sacc);
+      sm90::mbar_arrive(&k_empty[i % STAGES]);
+      softmax(i, sacc, pr, rescale);
+      pack_p(pr, pa);
+      rescale_o(rescale);
+      prepare_pv(i);
+      sm90::fence_regs(o);
+      sm90::fence_regs(pa);
+      issue_pv(i, pa);
+      sm90::wgmma_wait<0>();
+      sm90::fence_regs(o);
+      sm90::fence_regs(pa);
+      sm90::mbar_arrive(&v_empty[i % STAGES]);
+    }
+  } else if (num_tiles > 0) {
+    // FA3's intra-warpgroup overlap: S of tile i+1 and P V of tile i run on the tensor cores while
+    // the softmax of tile i+1 runs on the CUDA cores; P is packed and O rescaled once P V of tile
+    // i is done (as in FA3, no register a running wgmma reads is written meanwhile).
+    issue_s(0, sacc);
+    sm90::wgmma_wait<0>();
+    sm90::fence_regs(sacc);
+    sm90::mbar_arrive(&k_empty[0]);
+    softmax(0, sacc, pr, rescale);  // O is still zero: no rescale
+    pack_p(pr, pa);
+    for (int i = 0; i + 1 < num_tiles; ++i) {
+      prepare_pv(i);
+      sm90::fence_regs(o);
+      sm90::fence_regs(pa);
+      issue_s(i + 1, sacc);
+      issue_pv(i, pa);
+      sm90::wgmma_wait<1>();  // S of tile i+1 (the older group) is done; P V may still run
+      sm90::fence_regs(sacc);
+      sm90::mbar_arrive(&k_empty[(i + 1) % STAGES]);
+      softmax(i + 1, sacc, pr, rescale);
+      sm90::wgmma_wait<0>();
+      sm90::fence_regs(o);
+      sm90::fence_regs(pa);
+      sm90::mbar_arrive(&v_empty[i % STAGES]);
+      rescale_o(rescale);
+      pack_p(pr, pa);
+    }
+    const int last = num_tiles - 1;
+    prepare_pv(last);
+    sm90::fence_regs(o);
+    sm90::fence_regs(pa);
+    issue_pv(last, pa);
     sm90::wgmma_wait<0>();
     sm90::fence_regs(o);
     sm90::fence_regs(pa);
-    sm90::mbar_arrive(&v_empty[s]);
+    sm90::mbar_arrive(&v_empty[last % STAGES]);
   }
 
 #pragma unroll
@@ -467,7 +537,7 @@ bool prefill_sm90_supported(const PrefillParams& p, int device, std::string* why
   return true;
 }
 
-template <typename T, int HEAD_DIM, bool SOFTCAP>
+template <typename T, int HEAD_DIM, bool SOFTCAP, bool OVERLAP = kSm90Overlap>
 Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx) {
   using S = Sm90Shape<T, HEAD_DIM>;
   if (p.work_capacity == 0) return Status::Ok();
@@ -511,7 +581,7 @@ Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx) {
                                               (which ? "v" : "k"));
     }
   }
-  constexpr auto kernel = prefill_sm90_kernel<T, HEAD_DIM, SOFTCAP>;
+  constexpr auto kernel = prefill_sm90_kernel<T, HEAD_DIM, SOFTCAP, OVERLAP>;
   Status st =
       cuda_status(allow_smem<kernel>(S::kSmemBytes, device), "prefill (sm90a): raising the shared-memory limit");
   if (!st.ok()) return st;

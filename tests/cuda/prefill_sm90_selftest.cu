@@ -1,5 +1,5 @@
 // Framework-free self-test of the sm90a prefill kernel (ops/attention/prefill_sm90.cuh): runs it
-// and the FA2 kernel on small single / paged / ragged problems against a float64 CPU reference
+// (both variants) and the FA2 kernel on small single / paged / ragged problems against a float64 CPU reference
 // and prints the max error of each, plus where the worst element is (row, column), so a layout
 // bug shows its pattern. On an H100/H200, from the repository root:
 //
@@ -7,7 +7,9 @@
 //   -gencode=arch=compute_80,code=sm_80 \
 //        -I. tests/cuda/prefill_sm90_selftest.cu -o /tmp/sm90_selftest && /tmp/sm90_selftest
 //
-// Exit status 0 when every case of both kernels is within tolerance.
+// Also times the issue's shape (single prefill, causal, 8192 tokens, 32 heads, head_dim 128) for
+// fa2, fa3 and fa3 with intra-warpgroup overlap (the OVERLAP variant, not yet the default).
+// Exit status 0 when every case of every kernel is within tolerance.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -26,6 +28,21 @@ using namespace kiln::attention;
 
 namespace {
 
+constexpr int kOverlap = 3;  // the FA3 kernel with intra-warpgroup overlap (OVERLAP = true)
+const char* kNames[] = {"fa2", "fa3", "", "fa3+overlap"};
+
+template <int D>
+Status launch_d(const PrefillParams& p, int kernel) {
+  const LaunchContext ctx{nullptr, 0};
+  if (kernel == kPrefillKernelFA2) return launch_prefill<__nv_bfloat16, D, false>(p, ctx);
+  if (kernel == kOverlap) return launch_prefill_sm90<__nv_bfloat16, D, false, true>(p, ctx);
+  return launch_prefill_sm90<__nv_bfloat16, D, false, false>(p, ctx);
+}
+
+Status launch(const PrefillParams& p, int kernel, int d) {
+  return d == 64 ? launch_d<64>(p, kernel) : d == 128 ? launch_d<128>(p, kernel) : launch_d<256>(p, kernel);
+}
+
 struct Case {
   const char* name;
   int head_dim;
@@ -34,6 +51,10 @@ struct Case {
   bool hnd;  // paged layout
   bool causal;
   int window_left;
+  // Diagnostics that isolate one GEMM: q = 0 makes S = 0 whatever K's layout, so the output is
+  // the mean of V's rows (tests only the P V path); v = identity (kv_len = head_dim, one kv head
+  // pattern per head) makes the output P itself (tests only the Q K^T path and the softmax).
+  int diag = 0;  // 0 none, 1 q = 0, 2 v = identity
 };
 
 template <int D>
@@ -45,7 +66,8 @@ int run_case(const Case& c, int kernel) {
   for (int b = 0; b < batch; ++b) qo_indptr[b + 1] = qo_indptr[b] + c.qo[b];
   const int total_q = qo_indptr[batch];
   std::vector<__nv_bfloat16> q(size_t(total_q) * hq * D);
-  for (auto& x : q) x = __float2bfloat16(nd(rng));
+  // (x3 for v = identity: peaky probabilities, so a misplaced one shows as an O(1) error)
+  for (auto& x : q) x = __float2bfloat16(c.diag == 1 ? 0.0f : c.diag == 2 ? 3.0f * nd(rng) : nd(rng));
   // Keys per request (token-major, [kv, hk, D]) and the cache built from them.
   std::vector<std::vector<float>> keys(batch), vals(batch);
   for (int b = 0; b < batch; ++b) {
@@ -53,6 +75,9 @@ int run_case(const Case& c, int kernel) {
     vals[b].resize(keys[b].size());
     for (auto& x : keys[b]) x = __bfloat162float(__float2bfloat16(nd(rng)));
     for (auto& x : vals[b]) x = __bfloat162float(__float2bfloat16(nd(rng)));
+    if (c.diag == 2) {  // v[t][h][d] = (t == d)
+      for (size_t at = 0; at < vals[b].size(); ++at) vals[b][at] = (at / (hk * D)) == (at % D) ? 1.0f : 0.0f;
+    }
   }
   const bool paged = c.page > 0, single = !paged && batch == 1;
   const int page = paged ? c.page : (single ? std::max(c.kv[0], 1) : 1);
@@ -120,15 +145,14 @@ int run_case(const Case& c, int kernel) {
   p.soft_cap = 0.0f;
   p.causal = c.causal;
   p.window_left = c.window_left;
-  p.kernel = kernel;
   p.kv_contiguous = !paged;
   p.kv_num_pages = num_pages;
   p.q_rows = total_q;
-  Status st = kernel == kPrefillKernelFA3 ? launch_prefill_sm90<__nv_bfloat16, D, false>(p, LaunchContext{nullptr, 0})
-                                          : launch_prefill<__nv_bfloat16, D, false>(p, LaunchContext{nullptr, 0});
+  p.kernel = kernel == kOverlap ? kPrefillKernelFA3 : kernel;
+  Status st = launch(p, kernel, D);
   cudaError_t err = cudaDeviceSynchronize();
   if (!st.ok() || err != cudaSuccess) {
-    std::printf("  %-34s %s: FAILED to run: %s %s\n", c.name, kernel ? "fa3" : "fa2", st.message.c_str(),
+    std::printf("  %-34s %s: FAILED to run: %s %s\n", c.name, kNames[kernel], st.message.c_str(),
                 cudaGetErrorString(err));
     return 1;
   }
@@ -176,8 +200,8 @@ int run_case(const Case& c, int kernel) {
       }
   }
   const bool ok = worst <= 3e-2 && worst_lse <= 1e-2 && bad_nan == 0;
-  std::printf("  %-34s %s: max|out-ref| %.2e at (q %d, d %d), max|lse-ref| %.2e, NaN %d  %s\n", c.name,
-              kernel ? "fa3" : "fa2", worst, wrow, wcol, worst_lse, bad_nan, ok ? "ok" : "FAIL");
+  std::printf("  %-34s %s: max|out-ref| %.2e at (q %d, d %d), max|lse-ref| %.2e, NaN %d  %s\n", c.name, kNames[kernel],
+              worst, wrow, wcol, worst_lse, bad_nan, ok ? "ok" : "FAIL");
   for (const void* ptr : {p.q, (const void*)p.qo_indptr, (const void*)p.kv_len, p.kv.k, p.kv.v,
                           (const void*)p.kv.page_indptr, (const void*)p.kv.page_indices, (const void*)p.work_request,
                           (const void*)p.work_q_start, (const void*)p.out, (const void*)p.lse})
@@ -187,12 +211,76 @@ int run_case(const Case& c, int kernel) {
 
 int run(const Case& c) {
   int fails = 0;
-  for (int kernel : {kPrefillKernelFA2, kPrefillKernelFA3}) {
+  for (int kernel : {kPrefillKernelFA2, kPrefillKernelFA3, kOverlap}) {
     if (c.head_dim == 64) fails += run_case<64>(c, kernel);
     if (c.head_dim == 128) fails += run_case<128>(c, kernel);
     if (c.head_dim == 256) fails += run_case<256>(c, kernel);
   }
   return fails;
+}
+
+// The issue's shape: single prefill, causal, L = 8192, 32 heads, head_dim 128, bf16. TFLOP/s with
+// FLOPs = 4 L^2 H d / 2, best of 20 launches after a warm-up (CUDA events).
+void time_issue_shape() {
+  constexpr int L = 8192, H = 32, D = 128;
+  const size_t n = size_t(L) * H * D;
+  void *q, *k, *v, *out;
+  cudaMalloc(&q, n * 2), cudaMalloc(&k, n * 2), cudaMalloc(&v, n * 2), cudaMalloc(&out, n * 2);
+  std::vector<__nv_bfloat16> h(n);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  for (auto& x : h) x = __float2bfloat16(nd(rng));
+  cudaMemcpy(q, h.data(), n * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(k, h.data(), n * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(v, h.data(), n * 2, cudaMemcpyHostToDevice);
+  std::vector<int> wr, wq;  // longest first, as the plan orders causal items
+  for (int s = L - 64; s >= 0; s -= 64) wr.push_back(0), wq.push_back(s);
+  const int qo_indptr[2] = {0, L}, kv_len[1] = {L}, page_indptr[2] = {0, 1}, indices[1] = {0};
+  int *d_qo, *d_kv, *d_pi, *d_idx, *d_wr, *d_wq;
+  cudaMalloc(&d_qo, 8), cudaMalloc(&d_kv, 4), cudaMalloc(&d_pi, 8), cudaMalloc(&d_idx, 4);
+  cudaMalloc(&d_wr, wr.size() * 4), cudaMalloc(&d_wq, wq.size() * 4);
+  cudaMemcpy(d_qo, qo_indptr, 8, cudaMemcpyHostToDevice);
+  cudaMemcpy(d_kv, kv_len, 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(d_pi, page_indptr, 8, cudaMemcpyHostToDevice);
+  cudaMemcpy(d_idx, indices, 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(d_wr, wr.data(), wr.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(d_wq, wq.data(), wq.size() * 4, cudaMemcpyHostToDevice);
+  PrefillParams p{};
+  p.q = q, p.q_stride_n = H * D, p.q_stride_h = D, p.qo_indptr = d_qo, p.kv_len = d_kv;
+  p.kv.k = k, p.kv.v = v, p.kv.page_size = L;
+  p.kv.k_page_stride = p.kv.v_page_stride = int64_t(L) * H * D;
+  p.kv.k_slot_stride = p.kv.v_slot_stride = H * D;
+  p.kv.k_head_stride = p.kv.v_head_stride = D;
+  p.kv.page_indptr = d_pi, p.kv.page_indices = d_idx;
+  p.num_qo_heads = p.num_kv_heads = H;
+  p.work_request = d_wr, p.work_q_start = d_wq, p.work_capacity = static_cast<int64_t>(wr.size());
+  p.out = out, p.out_stride_n = H * D, p.out_stride_h = D;
+  p.sm_scale = 1.0f / std::sqrt(float(D)), p.causal = true, p.window_left = -1;
+  p.kv_contiguous = true, p.kv_num_pages = 1, p.q_rows = L;
+  const double flops = 4.0 * L * double(L) * H * D / 2;
+  cudaEvent_t a, b;
+  cudaEventCreate(&a), cudaEventCreate(&b);
+  std::printf("timing: single prefill causal L=%d H=%d d=%d bf16\n", L, H, D);
+  for (int kernel : {kPrefillKernelFA2, kPrefillKernelFA3, kOverlap}) {
+    Status st = launch(p, kernel, D);
+    float best = 1e30f;
+    for (int rep = 0; rep < 20 && st.ok(); ++rep) {
+      cudaEventRecord(a);
+      st = launch(p, kernel, D);
+      cudaEventRecord(b);
+      cudaEventSynchronize(b);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, a, b);
+      best = std::min(best, ms);
+    }
+    if (!st.ok() || cudaDeviceSynchronize() != cudaSuccess) {
+      std::printf("  %-12s failed: %s\n", kNames[kernel], st.message.c_str());
+      continue;
+    }
+    std::printf("  %-12s %.3f ms  %.1f TFLOP/s\n", kNames[kernel], best, flops / (best * 1e-3) / 1e12);
+  }
+  for (void* ptr : {q, k, v, out, (void*)d_qo, (void*)d_kv, (void*)d_pi, (void*)d_idx, (void*)d_wr, (void*)d_wq})
+    cudaFree(ptr);
 }
 
 }  // namespace
@@ -202,6 +290,13 @@ int main() {
   cudaGetDeviceProperties(&prop, 0);
   std::printf("device: %s (cc %d.%d)\n", prop.name, prop.major, prop.minor);
   const Case cases[] = {
+      // Diagnostics first: if a later case fails, these say which GEMM's layout is wrong.
+      {"diag q=0 (P V only) d64", 64, {64}, {128}, 0, false, false, -1, 1},
+      {"diag q=0 (P V only) d128", 128, {64}, {128}, 0, false, false, -1, 1},
+      {"diag q=0 (P V only) d256", 256, {64}, {128}, 0, false, false, -1, 1},
+      {"diag v=I (Q K^T only) d64", 64, {64}, {64}, 0, false, false, -1, 2},
+      {"diag v=I (Q K^T only) d128", 128, {64}, {128}, 0, false, false, -1, 2},
+      {"diag v=I (Q K^T only) d256", 256, {64}, {256}, 0, false, false, -1, 2},
       // One tile, no masks: S = Q K^T layout (K-major descriptors) and P V (MN-major V).
       {"single 64x64 d128 (one tile)", 128, {64}, {64}, 0, false, false, -1},
       {"single 64x128 d64 (one tile)", 64, {64}, {128}, 0, false, false, -1},
@@ -219,5 +314,6 @@ int main() {
   int fails = 0;
   for (const Case& c : cases) fails += run(c);
   std::printf("%s (%d failing)\n", fails ? "FAIL" : "all ok", fails);
+  time_issue_shape();
   return fails ? 1 : 0;
 }

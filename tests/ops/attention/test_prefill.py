@@ -224,6 +224,42 @@ def test_paged_equals_ragged_equals_single_on_mixed_batches(device, layout, back
             assert torch.equal(single, out_p[lo:hi])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_paged_stale_nan_slots_do_not_leak(backend, layout, head_dim):
+    """Slots past a request's length in its last page, and unused pool pages, hold NaN: a kernel
+    that lets them into P V (0 * NaN) or into the row max poisons the output. fa3 loads whole pages
+    by TMA, so it must zero V's stale rows itself."""
+    need_backend("cuda", backend)
+    gen = torch.Generator().manual_seed(head_dim)
+    kv_lens, qo_lens, page = [37, 130, 16, 1], [37, 20, 3, 1], 16
+    batch = make_paged(kv_lens, page, 2, head_dim, torch.bfloat16, "cuda", layout, gen=gen)
+    used = torch.zeros(batch.k_cache.shape[0], page, dtype=torch.bool)
+    for b, n in enumerate(kv_lens):
+        pages = batch.indices[batch.indptr[b] : batch.indptr[b + 1]].long().cpu()
+        for j, pg in enumerate(pages.tolist()):
+            used[pg, : min(page, n - j * page)] = True
+    keep = {b: batch.keys(b) for b in range(len(kv_lens))}  # valid keys, before the poisoning
+    stale = ~used.to("cuda")
+    for cache in (batch.k_cache, batch.v_cache):
+        view = cache if layout == "NHD" else cache.transpose(1, 2)  # [pool, page, heads, D]
+        view[stale] = float("nan")
+    qo_indptr = torch.tensor([0] + list(torch.tensor(qo_lens).cumsum(0)), dtype=torch.int32)
+    q = rand((sum(qo_lens), 4, head_dim), torch.bfloat16, "cuda", gen)
+    with fa3_strict(backend):
+        w = kiln.BatchPrefillWithPagedKVCacheWrapper(
+            torch.empty(16, dtype=torch.uint8, device="cuda"), layout, backend=backend
+        )
+    w.plan(qo_indptr, batch.indptr, batch.indices, batch.last_page_len, 4, 2, head_dim, page,
+           causal=True, q_data_type=torch.bfloat16)
+    out, lse = w.run(q, (batch.k_cache, batch.v_cache), return_lse=True)
+    for b in range(len(kv_lens)):
+        lo, hi = int(qo_indptr[b]), int(qo_indptr[b + 1])
+        check(out[lo:hi], lse[lo:hi], *reference(q[lo:hi], *keep[b], causal=True), torch.bfloat16)
+
+
 def test_schedule_covers_every_query_once_longest_first():
     from kiln.prefill import QUERIES_PER_ITEM, schedule
 
