@@ -43,7 +43,7 @@ namespace kiln::attention {
 
 constexpr int kSm90Threads = 256;  // producer warpgroup + one consumer warpgroup
 constexpr int kSm90Queries = 64;   // one wgmma M per CTA
-// A plan work item (kPrefillQueriesPerItem queries, sized for the FA2 kernel's 8 warps) is served
+// A plan work item (kPrefillQueriesPerItem queries, sized for the FA2 kernel's CTA) is served
 // by this many CTAs, each taking 64 consecutive queries of it.
 constexpr int kSm90CtasPerItem = kPrefillQueriesPerItem / kSm90Queries;
 static_assert(kPrefillQueriesPerItem % kSm90Queries == 0, "CTAs split a plan work item evenly");
