@@ -397,6 +397,13 @@ def prefill_flops(axes, dtype):
     return 4 * b * n * n * axes["num_qo_heads"] * axes["head_dim"] // 2
 
 
+def fa3_available(device: torch.device, dtype: str) -> str | None:
+    """kiln's sm90a prefill kernel runs on compute capability 9.0 only."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
+        return "the fa3 kernel needs a compute capability 9.0 GPU"
+    return None
+
+
 def kiln_batch_prefill(inp, ctx, backend="auto"):
     w = kiln.BatchPrefillWithPagedKVCacheWrapper(_workspace(ctx), "NHD", backend=backend)
     w.plan(
@@ -454,8 +461,14 @@ def torch_sdpa_batch_prefill(inp, ctx):
 BATCH_PREFILL = Routine(
     api=kiln.BatchPrefillWithPagedKVCacheWrapper.run,
     backends=(
-        Backend("kiln", kiln_batch_prefill, version=kiln_version),  # auto: fa3 on sm90, else fa2
+        Backend("kiln", kiln_batch_prefill, version=kiln_version),  # backend="auto"
         Backend("kiln_fa2", functools.partial(kiln_batch_prefill, backend="fa2"), version=kiln_version),
+        Backend(
+            "kiln_fa3",
+            functools.partial(kiln_batch_prefill, backend="fa3"),
+            fa3_available,
+            version=kiln_version,
+        ),
         Backend("torch_sdpa", torch_sdpa_batch_prefill, version=torch_version),
         Backend(
             "flashinfer", flashinfer_batch_prefill, available=flashinfer_available, version=flashinfer_version
@@ -501,8 +514,14 @@ def flashinfer_ragged_prefill(inp, ctx):
 BATCH_PREFILL_RAGGED = Routine(
     api=kiln.BatchPrefillWithRaggedKVCacheWrapper.run,
     backends=(
-        Backend("kiln", kiln_ragged_prefill, version=kiln_version),  # auto: fa3 on sm90, else fa2
+        Backend("kiln", kiln_ragged_prefill, version=kiln_version),  # backend="auto"
         Backend("kiln_fa2", functools.partial(kiln_ragged_prefill, backend="fa2"), version=kiln_version),
+        Backend(
+            "kiln_fa3",
+            functools.partial(kiln_ragged_prefill, backend="fa3"),
+            fa3_available,
+            version=kiln_version,
+        ),
         Backend(
             "flashinfer",
             flashinfer_ragged_prefill,
@@ -549,8 +568,14 @@ def fa3_available(device, dtype):
 SINGLE_PREFILL = Routine(
     api=kiln.single_prefill_with_kv_cache,
     backends=(
-        Backend("kiln", kiln_single_prefill, version=kiln_version),  # auto: fa3 on sm90, else fa2
+        Backend("kiln", kiln_single_prefill, version=kiln_version),  # backend="auto"
         Backend("kiln_fa2", functools.partial(kiln_single_prefill, backend="fa2"), version=kiln_version),
+        Backend(
+            "kiln_fa3",
+            functools.partial(kiln_single_prefill, backend="fa3"),
+            fa3_available,
+            version=kiln_version,
+        ),
         Backend("torch_sdpa", torch_sdpa_single_prefill, version=torch_version),
         Backend(
             "flashinfer_fa2",
