@@ -397,7 +397,7 @@ def prefill_flops(axes, dtype):
     return 4 * b * n * n * axes["num_qo_heads"] * axes["head_dim"] // 2
 
 
-def fa3_available(device: torch.device, dtype: str) -> str | None:
+def kiln_fa3_available(device: torch.device, dtype: str) -> str | None:
     """kiln's sm90a prefill kernel runs on compute capability 9.0 only."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
         return "the fa3 kernel needs a compute capability 9.0 GPU"
@@ -466,7 +466,7 @@ BATCH_PREFILL = Routine(
         Backend(
             "kiln_fa3",
             functools.partial(kiln_batch_prefill, backend="fa3"),
-            fa3_available,
+            kiln_fa3_available,
             version=kiln_version,
         ),
         Backend("torch_sdpa", torch_sdpa_batch_prefill, version=torch_version),
@@ -519,7 +519,7 @@ BATCH_PREFILL_RAGGED = Routine(
         Backend(
             "kiln_fa3",
             functools.partial(kiln_ragged_prefill, backend="fa3"),
-            fa3_available,
+            kiln_fa3_available,
             version=kiln_version,
         ),
         Backend(
@@ -573,7 +573,7 @@ SINGLE_PREFILL = Routine(
         Backend(
             "kiln_fa3",
             functools.partial(kiln_single_prefill, backend="fa3"),
-            fa3_available,
+            kiln_fa3_available,
             version=kiln_version,
         ),
         Backend("torch_sdpa", torch_sdpa_single_prefill, version=torch_version),

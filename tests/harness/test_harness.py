@@ -278,3 +278,16 @@ def test_a_case_whose_inputs_cannot_be_made_fails_and_the_run_goes_on(monkeypatc
     assert [x["status"] for x in recs] == ["failed", "failed"]
     assert "making the inputs or the reference raised MemoryError: no room" in recs[0]["error"]
     assert "failed" in table.render(recs).lower()
+
+
+def test_kiln_fa3_backends_name_their_own_requirement():
+    """kiln's sm90a prefill backends report kiln's reason off 9.0 devices (not a peer's: a later
+    definition with the same function name once shadowed it)."""
+    from benchmarks.routines import ROUTINES
+
+    for name in ("single_prefill", "batch_prefill", "batch_prefill_ragged"):
+        fa3 = [b for b in ROUTINES[name].backends if b.name == "kiln_fa3"]
+        assert len(fa3) == 1, name
+        assert fa3[0].available(torch.device("cpu"), "bfloat16") == (
+            "the fa3 kernel needs a compute capability 9.0 GPU"
+        )
