@@ -84,7 +84,9 @@ def block(records: Sequence[dict[str, Any]], readme_dir: Path, command: str, row
                 kcell += f" ({bw}" + (f", {frac:.0%} of copy)" if frac and frac >= 0.01 else ")")
             peers = [w.get(b) for b in backends[1:]]
             cells = [f"[{routine}]({link})", shape, kcell] + [_us(p) if p else "-" for p in peers]
-            times = [p["median_us"] for p in peers if p]
+            # peers only: kiln's other kernels (kiln_fa2, kiln_fa3) are columns, not competitors
+            others = zip(backends[1:], peers, strict=True)
+            times = [p["median_us"] for b, p in others if p and not b.startswith("kiln")]
             cells.append(f"{min(times) / k['median_us']:.2f}×" if times else "-")
             lines.append("| " + " | ".join(cells) + " |")
     first = ok[0]
@@ -150,4 +152,12 @@ def generate(results: Sequence[str], readme: Path, rows: int, cuda_graph: bool,
     args += ["--cuda-graph"] if cuda_graph else []
     args += ["--routines", ",".join(routines)] if routines else []
     command = "python -m benchmarks readme-table " + " ".join(shlex.quote(a) for a in args)
-    return block(load_all(results), readme.resolve().parent, command, rows, cuda_graph, routines)
+    records = latest_per_routine([load_all([p]) for p in results])
+    return block(records, readme.resolve().parent, command, rows, cuda_graph, routines)
+
+
+def latest_per_routine(per_file: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """A routine's rows come from the last file that holds it: a later run of a routine (a new
+    kernel version) supersedes the earlier one instead of mixing with it."""
+    owner = {r["routine"]: i for i, records in enumerate(per_file) for r in records}
+    return [r for i, records in enumerate(per_file) for r in records if owner[r["routine"]] == i]

@@ -44,8 +44,8 @@ def prefill_kernel(backend: str, device: torch.device, api: str) -> int:
     """PrefillParams::kernel for FlashInfer's backend names: "fa2" the mma.sync kernel (every
     family), "fa3" the sm90a kernel (wgmma + TMA, compute capability 9.0 only; its module is always
     built as 9.0a: BUILD.py declares sm90a), "auto" the faster of the two where measured. On the
-    H200 the fa2 kernel is faster today (causal 8192: 291 vs 263 TFLOP/s; batch paged 16 x 2048:
-    2116 vs 2288 us; docs/perf/prefill.md), so auto runs fa2 on every device until fa3 wins.
+    H200 the fa2 kernel is faster today (causal 8192: 290 vs 285 TFLOP/s; batch paged 16 x 2048:
+    2116 vs 2218 us; docs/perf/prefill.md), so auto runs fa2 on every device until fa3 wins.
     Calls the fa3 kernel cannot tile (page sizes, strides) still run fa2: docs/attention.md."""
     if backend not in PREFILL_BACKENDS:
         raise ValueError(f"{api}: backend must be one of 'auto', 'fa2', 'fa3', got {backend!r}")

@@ -81,3 +81,10 @@ def test_plot_without_matplotlib_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(SystemExit, match=r"pip install 'kiln-kernels\[bench\]'"):
         plot.plot(results.load(LEGACY), tmp_path / "x.png")
+
+
+def test_readme_rows_of_a_routine_come_from_the_last_file_holding_it():
+    old = [{"routine": "single_prefill", "v": 1}, {"routine": "rmsnorm", "v": 1}]
+    new = [{"routine": "single_prefill", "v": 2}]
+    kept = readme.latest_per_routine([old, new])
+    assert sorted((r["routine"], r["v"]) for r in kept) == [("rmsnorm", 1), ("single_prefill", 2)]
