@@ -1,13 +1,15 @@
 // Merging attention states on CUDA (see attention.h and state.h):
-//   merge_states_kernel  S states per row -> one (the split-KV merge of decode, and the public
-//                        merge_states); states may be float32 partials or the module's dtype
-//   merge_two_kernel     two states per row, optional mask (merge_state, merge_state_in_place)
-// One warp per (row, head); each lane owns VEC consecutive dims; float32 arithmetic.
+//   merge_states_vec_kernel  S states per row -> one (the split-KV merge of decode, and the public
+//                            merge_states); states may be float32 partials or the module's dtype
+//   merge_two_kernel         two states per row, optional mask (merge_state, merge_state_in_place):
+//                            one warp per (row, head), each lane VEC consecutive dims
+// float32 arithmetic throughout.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "ops/attention/attention.h"
 #include "ops/attention/state.h"
@@ -25,60 +27,89 @@ constexpr int merge_vec() {
   return HEAD_DIM >= 32 ? HEAD_DIM / 32 : 1;
 }
 
+inline dim3 merge_grid(int64_t rows, int64_t heads) {
+  return dim3(static_cast<unsigned>(rows), static_cast<unsigned>(ceil_div<int64_t>(heads, kMergeWarps)));
+}
+
+// S states per row -> one, a thread per (item, head, 8 dims): 16-byte loads and stores, and every
+// thread reads the item's lse values itself (broadcast loads, no warp reductions). The bindings
+// require 16-byte aligned tensors (pointer and strides), and decode's float32 partials are.
+constexpr int kMergeVecThreads = 256;
+constexpr int kMergeChunk = 8;  // dims per thread
+
+template <typename TIn>
+__device__ __forceinline__ void load_chunk(const TIn* src, float (&x)[kMergeChunk]) {
+  if constexpr (sizeof(TIn) == 4) {
+    const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+  } else {
+    alignas(16) TIn t[kMergeChunk];
+    *reinterpret_cast<uint4*>(t) = *reinterpret_cast<const uint4*>(src);
+#pragma unroll
+    for (int k = 0; k < kMergeChunk; ++k) x[k] = Convert<TIn>::to_float(t[k]);
+  }
+}
+
 template <typename TIn, typename TOut, int HEAD_DIM>
-__global__ void __launch_bounds__(32 * kMergeWarps) merge_states_kernel(const MergeParams p) {
-  constexpr int VEC = merge_vec<HEAD_DIM>();
+__global__ void __launch_bounds__(kMergeVecThreads) merge_states_vec_kernel(const MergeParams p) {
+  constexpr int THREADS_PER_HEAD = HEAD_DIM / kMergeChunk;
+  constexpr int HEADS_PER_BLOCK = kMergeVecThreads / THREADS_PER_HEAD;
+  static_assert(HEAD_DIM % kMergeChunk == 0 && kMergeVecThreads % THREADS_PER_HEAD == 0, "whole heads per block");
   const int64_t item = blockIdx.x;
-  const int64_t head = int64_t(blockIdx.y) * kMergeWarps + threadIdx.y;
+  const int64_t head = int64_t(blockIdx.y) * HEADS_PER_BLOCK + threadIdx.x / THREADS_PER_HEAD;
+  const int dim0 = (threadIdx.x % THREADS_PER_HEAD) * kMergeChunk;
   if (head >= p.num_heads) return;
   const int64_t row = p.out_row ? p.out_row[item] : item;
   if (row < 0) return;
   const int64_t first = p.indptr ? p.indptr[item] : 0;
   const int64_t count = p.indptr ? p.indptr[item + 1] - first : p.num_states;
-  const float* s = p.s + item * p.s_item_stride + head * p.s_head_stride;
-  const TIn* v = static_cast<const TIn*>(p.v) + item * p.v_item_stride + head * p.v_head_stride;
-  const int dim0 = threadIdx.x * VEC;
-
-  // The weights: lanes take states j = lane, lane + 32, ... (loads in parallel), then warp sums.
+  const float* s = p.s + item * p.s_item_stride + head * p.s_head_stride + first * p.s_state_stride;
+  const TIn* v =
+      static_cast<const TIn*>(p.v) + item * p.v_item_stride + head * p.v_head_stride + first * p.v_state_stride + dim0;
   float max_lse = neg_inf();
-  for (int64_t j = threadIdx.x; j < count; j += 32) max_lse = fmaxf(max_lse, s[(first + j) * p.s_state_stride]);
+  for (int64_t j = 0; j < count; ++j) max_lse = fmaxf(max_lse, s[j * p.s_state_stride]);
+  float sum = 0.0f, acc[kMergeChunk] = {};
+#pragma unroll 4
+  for (int64_t j = 0; j < count; ++j) {
+    const float w = scale_from(s[j * p.s_state_stride], max_lse);
+    float x[kMergeChunk];
+    load_chunk(v + j * p.v_state_stride, x);
+    sum += w;
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2)
-    max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, offset));
-  float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < count; j += 32) sum += scale_from(s[(first + j) * p.s_state_stride], max_lse);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  // The values: batches of kBatch states, every load of a batch issued before its FMAs.
-  constexpr int kBatch = 8;
-  float acc[VEC] = {};
-  for (int64_t j0 = 0; j0 < count; j0 += kBatch) {
-    float w[kBatch], x[kBatch][VEC];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int64_t j = j0 + b;
-      w[b] = j < count ? scale_from(s[(first + j) * p.s_state_stride], max_lse) : 0.0f;
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        x[b][k] = (j < count && dim0 < HEAD_DIM) ? Convert<TIn>::to_float(v[(first + j) * p.v_state_stride + dim0 + k])
-                                                 : 0.0f;
-      }
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) acc[k] += w[b] * x[b][k];
-    }
+    for (int k = 0; k < kMergeChunk; ++k) acc[k] += w * x[k];
   }
   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-  if (dim0 < HEAD_DIM) {
-    TOut* out = static_cast<TOut*>(p.out) + row * p.out_row_stride + head * p.out_head_stride + dim0;
+  alignas(16) TOut o[kMergeChunk];
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) out[k] = Convert<TOut>::from_float(acc[k] * inv);
-  }
-  if (p.out_lse != nullptr && threadIdx.x == 0) {
+  for (int k = 0; k < kMergeChunk; ++k) o[k] = Convert<TOut>::from_float(acc[k] * inv);
+  TOut* out = static_cast<TOut*>(p.out) + row * p.out_row_stride + head * p.out_head_stride + dim0;
+  static_assert(sizeof(TOut) * kMergeChunk == 16, "one 16-byte store per thread");
+  *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(o);
+  if (p.out_lse != nullptr && dim0 == 0) {
     p.out_lse[row * p.lse_row_stride + head * p.lse_head_stride] = merged_lse(max_lse, sum);
   }
+}
+
+// Whether merge_states_vec_kernel may serve p: every vector access 16-byte aligned.
+template <typename TIn, typename TOut>
+bool merge_states_aligned(const MergeParams& p) {
+  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  auto bytes_ok = [](int64_t stride, size_t elem) { return (stride * int64_t(elem)) % 16 == 0; };
+  return aligned(p.v) && aligned(p.out) && bytes_ok(p.v_item_stride, sizeof(TIn)) &&
+         bytes_ok(p.v_state_stride, sizeof(TIn)) && bytes_ok(p.v_head_stride, sizeof(TIn)) &&
+         bytes_ok(p.out_row_stride, sizeof(TOut)) && bytes_ok(p.out_head_stride, sizeof(TOut));
+}
+
+template <typename TIn, typename TOut, int HEAD_DIM>
+Status launch_merge_states_vec(const MergeParams& p, cudaStream_t stream, const char* what) {
+  if (!merge_states_aligned<TIn, TOut>(p)) {
+    return Status::Error(1, std::string(what) + ": states and output must be 16-byte aligned (pointers and strides)");
+  }
+  constexpr int heads_per_block = kMergeVecThreads / (HEAD_DIM / kMergeChunk);
+  const dim3 grid(static_cast<unsigned>(p.num_items),
+                  static_cast<unsigned>(ceil_div<int64_t>(p.num_heads, heads_per_block)));
+  merge_states_vec_kernel<TIn, TOut, HEAD_DIM><<<grid, kMergeVecThreads, 0, stream>>>(p);
+  return cuda_status(cudaGetLastError(), (std::string(what) + " kernel launch").c_str());
 }
 
 template <typename T, int HEAD_DIM>
@@ -111,17 +142,11 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_two_kernel(const Merge
   if (threadIdx.x == 0) p.out_lse[row * p.out_lse_row_stride + head] = merged_lse(mx, sum);
 }
 
-inline dim3 merge_grid(int64_t rows, int64_t heads) {
-  return dim3(static_cast<unsigned>(rows), static_cast<unsigned>(ceil_div<int64_t>(heads, kMergeWarps)));
-}
-
 template <typename T, int HEAD_DIM>
 Status launch_merge_states(const MergeParams& p, LaunchContext ctx) {
   if (p.num_items == 0 || p.num_heads == 0) return Status::Ok();
   DeviceGuard guard(ctx.device);
-  merge_states_kernel<T, T, HEAD_DIM>
-      <<<merge_grid(p.num_items, p.num_heads), dim3(32, kMergeWarps), 0, static_cast<cudaStream_t>(ctx.stream)>>>(p);
-  return cuda_status(cudaGetLastError(), "merge_states kernel launch");
+  return launch_merge_states_vec<T, T, HEAD_DIM>(p, static_cast<cudaStream_t>(ctx.stream), "merge_states");
 }
 
 template <typename T, int HEAD_DIM>
@@ -153,9 +178,7 @@ Status launch_merge_decode_partials(const DecodeParams& d, cudaStream_t stream) 
   p.out_lse = d.lse;
   p.lse_row_stride = d.lse_stride_b;
   p.lse_head_stride = 1;
-  merge_states_kernel<float, T, HEAD_DIM>
-      <<<merge_grid(p.num_items, p.num_heads), dim3(32, kMergeWarps), 0, stream>>>(p);
-  return cuda_status(cudaGetLastError(), "decode merge kernel launch");
+  return launch_merge_states_vec<float, T, HEAD_DIM>(p, stream, "decode merge");
 }
 
 }  // namespace kiln::attention

@@ -42,6 +42,26 @@ def test_merge_states(device, dtype, d):
 
 
 @pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("num", [1, 6, 37])
+def test_merge_states_state_counts(device, num):
+    """State counts that do and do not fill the kernel's unrolled loop (4), over heads that do not
+    fill its last block (20 heads, 16 a block at head_dim 128)."""
+    gen = torch.Generator().manual_seed(num)
+    v, s = states(9, num, 20, 128, torch.bfloat16, device, gen)
+    out, lse = kiln.merge_states(v, s)
+    rv, rs = ref_merge(v, s)
+    torch.testing.assert_close(out.float(), rv, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(lse, rs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_merge_states_rejects_unaligned_states(device):
+    v, s = states(3, 2, 4, 129, torch.float16, device, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        kiln.merge_states(v[..., 1:], s)
+
+
+@pytest.mark.parametrize("device", device_params())
 def test_merge_state_and_in_place_with_mask(device):
     gen = torch.Generator().manual_seed(11)
     v, s = states(23, 2, 4, 128, torch.bfloat16, device, gen)
