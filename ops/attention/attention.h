@@ -141,6 +141,29 @@ struct AppendParams {
   PagedKV kv;  // k/v are written through
 };
 
+// The split-KV merge of a decode call: its float32 partial slots [slots, num_qo_heads, head_dim]
+// merged per request into out/lse (both backends build it here).
+inline MergeParams decode_merge_params(const DecodeParams& d, int64_t head_dim) {
+  MergeParams m{};
+  m.v = d.partial_out;
+  m.s = d.partial_lse;
+  m.num_items = d.merge_capacity;
+  m.num_heads = d.num_qo_heads;
+  m.indptr = d.merge_indptr;
+  m.out_row = d.merge_request;
+  m.v_state_stride = d.num_qo_heads * head_dim;
+  m.v_head_stride = head_dim;
+  m.s_state_stride = d.num_qo_heads;
+  m.s_head_stride = 1;
+  m.out = d.out;
+  m.out_row_stride = d.out_stride_b;
+  m.out_head_stride = d.out_stride_h;
+  m.out_lse = d.lse;
+  m.lse_row_stride = d.lse_stride_b;
+  m.lse_head_stride = 1;
+  return m;
+}
+
 // Implemented once per backend for the module's dtype, head_dim and soft-cap flag.
 Status decode(const DecodeParams& p, LaunchContext ctx);
 Status prefill(const PrefillParams& p, LaunchContext ctx);

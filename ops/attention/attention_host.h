@@ -158,23 +158,7 @@ Status decode(const DecodeParams& p) {
     }
   }
   if (p.merge_capacity > 0) {
-    MergeParams m{};
-    m.v = p.partial_out;
-    m.s = p.partial_lse;
-    m.num_items = p.merge_capacity;
-    m.num_heads = p.num_qo_heads;
-    m.indptr = p.merge_indptr;
-    m.out_row = p.merge_request;
-    m.v_state_stride = p.num_qo_heads * HEAD_DIM;
-    m.v_head_stride = HEAD_DIM;
-    m.s_state_stride = p.num_qo_heads;
-    m.s_head_stride = 1;
-    m.out = p.out;
-    m.out_row_stride = p.out_stride_b;
-    m.out_head_stride = p.out_stride_h;
-    m.out_lse = p.lse;
-    m.lse_row_stride = p.lse_stride_b;
-    m.lse_head_stride = 1;
+    const MergeParams m = decode_merge_params(p, HEAD_DIM);
     merge<float, T, HEAD_DIM>(m);
   }
   return Status::Ok();

@@ -161,23 +161,7 @@ Status launch_merge_two(const MergeTwoParams& p, LaunchContext ctx) {
 // The split-KV merge of a decode launch: float32 partial slots -> out/lse (same stream).
 template <typename T, int HEAD_DIM>
 Status launch_merge_decode_partials(const DecodeParams& d, cudaStream_t stream) {
-  MergeParams p{};
-  p.v = d.partial_out;
-  p.s = d.partial_lse;
-  p.num_items = d.merge_capacity;
-  p.num_heads = d.num_qo_heads;
-  p.indptr = d.merge_indptr;
-  p.out_row = d.merge_request;
-  p.v_state_stride = d.num_qo_heads * HEAD_DIM;
-  p.v_head_stride = HEAD_DIM;
-  p.s_state_stride = d.num_qo_heads;
-  p.s_head_stride = 1;
-  p.out = d.out;
-  p.out_row_stride = d.out_stride_b;
-  p.out_head_stride = d.out_stride_h;
-  p.out_lse = d.lse;
-  p.lse_row_stride = d.lse_stride_b;
-  p.lse_head_stride = 1;
+  const MergeParams p = decode_merge_params(d, HEAD_DIM);
   return launch_merge_states_vec<float, T, HEAD_DIM>(p, stream, "decode merge");
 }
 
