@@ -287,24 +287,31 @@ MERGE_STATES = Routine(
 # --- append / batch indices ------------------------------------------------------------------------
 
 
-def kiln_append(inp, ctx):
-    names = (
-        "append_key",
-        "append_value",
-        "batch_indices",
-        "positions",
-        "paged_kv_cache",
-        "kv_indices",
-        "kv_indptr",
-        "kv_last_page_len",
-    )
-    args = [inp[n] for n in names]
+# FlashInfer's argument order, which kiln's append_paged_kv_cache shares.
+APPEND_ARGS = (
+    "append_key",
+    "append_value",
+    "batch_indices",
+    "positions",
+    "paged_kv_cache",
+    "kv_indices",
+    "kv_indptr",
+    "kv_last_page_len",
+)
+
+
+def _append_run(append, inp):
+    args = [inp[n] for n in APPEND_ARGS]
 
     def run():
-        kiln.append_paged_kv_cache(*args)
+        append(*args)
         return inp["paged_kv_cache"]
 
     return run
+
+
+def kiln_append(inp, ctx):
+    return _append_run(kiln.append_paged_kv_cache, inp)
 
 
 def torch_append(inp, ctx):
@@ -324,24 +331,7 @@ def torch_append(inp, ctx):
 
 
 def flashinfer_append(inp, ctx):
-    fi = _flashinfer()[0]
-    names = (
-        "append_key",
-        "append_value",
-        "batch_indices",
-        "positions",
-        "paged_kv_cache",
-        "kv_indices",
-        "kv_indptr",
-        "kv_last_page_len",
-    )
-    args = [inp[n] for n in names]
-
-    def run():
-        fi.append_paged_kv_cache(*args)
-        return inp["paged_kv_cache"]
-
-    return run
+    return _append_run(_flashinfer()[0].append_paged_kv_cache, inp)
 
 
 def append_bytes(axes, dtype):
