@@ -64,7 +64,7 @@ struct DecodeParams {
 // keys j >= i + kv_len - qo_len - window_left. Queries are packed: request b's are rows
 // qo_indptr[b] .. qo_indptr[b+1] of q/out/lse. Ragged (contiguous per request) KV is the paged
 // case with page_size 1 and identity page indices. A work item is (request, first query of a
-// 128-query tile); the kernel's grid is work items x query heads.
+// 128-query tile); the kernel's grid is work items x query heads, in the order prefill_cta gives.
 constexpr int kPrefillQueriesPerItem = 128;  // queries per prefill work item (the plan's tile)
 
 // Which prefill kernel a call asks for (PrefillParams::kernel). The sm90a kernel serves a call

@@ -51,6 +51,39 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// The (work item, query head) of CTA b of a 1-D grid of work_capacity x num_qo_heads CTAs. The
+// heads go in chunks of at least 4 (whole GQA groups, where the head count allows): items longest
+// first within a chunk, a chunk's heads side by side. The hardware starts CTAs in index order, so
+// the long causal items of every chunk start early and the last CTAs are short ones (a short
+// tail), while the CTAs running at one time read the K/V of a chunk's few KV heads (L2-sized).
+struct PrefillCta {
+  int item, head;
+};
+
+__host__ __device__ inline int prefill_heads_per_chunk(int64_t num_qo_heads, int64_t num_kv_heads) {
+  int64_t s = num_qo_heads / num_kv_heads;
+  while (s < 4 && num_qo_heads % (2 * s) == 0) s *= 2;
+  return static_cast<int>(s);
+}
+
+__device__ __forceinline__ PrefillCta prefill_cta(const PrefillParams& p, uint32_t b) {
+  const uint32_t s = static_cast<uint32_t>(prefill_heads_per_chunk(p.num_qo_heads, p.num_kv_heads));
+  const uint32_t per_chunk = static_cast<uint32_t>(p.work_capacity) * s;
+  const uint32_t chunk = b / per_chunk, rem = b % per_chunk;
+  return {static_cast<int>(rem / s), static_cast<int>(chunk * s + rem % s)};
+}
+
+// Grid size check shared by both prefill kernels' launchers.
+inline Status prefill_grid(const PrefillParams& p, unsigned* blocks) {
+  const int64_t n = p.work_capacity * p.num_qo_heads;
+  if (n >= (int64_t{1} << 31)) {
+    return Status::Error(1, "prefill: " + std::to_string(p.work_capacity) + " work items x " +
+                                std::to_string(p.num_qo_heads) + " heads exceed one launch's 2^31 - 1 CTAs");
+  }
+  *blocks = static_cast<unsigned>(n);
+  return Status::Ok();
+}
+
 template <typename T, int HEAD_DIM>
 struct PrefillShape {
   static constexpr int CHUNKS = HEAD_DIM * int(sizeof(T)) / 16;  // 16-byte chunks per row
@@ -96,14 +129,15 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
 
-  const int request = p.work_request[blockIdx.x];
+  const PrefillCta cta = prefill_cta(p, blockIdx.x);
+  const int request = p.work_request[cta.item];
   if (request < 0) return;
   const int q_begin = p.qo_indptr[request];
   const int qo_len = p.qo_indptr[request + 1] - q_begin;
   const int kv_len = p.kv_len[request];
   const int offset = kv_len - qo_len;  // query i sits at key position i + offset
-  const int q0 = p.work_q_start[blockIdx.x];
-  const int head = blockIdx.y;
+  const int q0 = p.work_q_start[cta.item];
+  const int head = cta.head;
   const int kv_head = head / int(p.num_qo_heads / p.num_kv_heads);
   const int wrow = warp * 16 * MT;                           // the warp's first row in the CTA
   const int row0 = q0 + wrow;                                // ... and its first query
@@ -384,7 +418,8 @@ Status launch_prefill(const PrefillParams& p, LaunchContext ctx) {
                                 ") must be a multiple of num_kv_heads (" + std::to_string(p.num_kv_heads) + ")");
   }
   if (p.work_capacity == 0) return Status::Ok();
-  if (p.num_qo_heads > 65535) return Status::Error(1, "prefill: too many query heads for one launch");
+  unsigned blocks = 0;
+  if (Status g = prefill_grid(p, &blocks); !g.ok()) return g;
   DeviceGuard guard(ctx.device);
   int device = 0;
   cudaGetDevice(&device);
@@ -392,12 +427,11 @@ Status launch_prefill(const PrefillParams& p, LaunchContext ctx) {
   constexpr auto kernel = prefill_paged_kernel<T, HEAD_DIM, SOFTCAP>;
   Status st = cuda_status(allow_smem<kernel>(S::kSmemBytes, device), "prefill: raising the shared-memory limit");
   if (!st.ok()) return st;
-  const dim3 grid(static_cast<unsigned>(p.work_capacity), static_cast<unsigned>(p.num_qo_heads));
   if (p.kv.page_size <= 0 || p.kv.page_size > (int64_t{1} << 30)) {
     return Status::Error(1, "prefill: page_size " + std::to_string(p.kv.page_size) + " out of range");
   }
   const FastDiv page_div(static_cast<uint32_t>(p.kv.page_size));
-  kernel<<<grid, S::THREADS, S::kSmemBytes, static_cast<cudaStream_t>(ctx.stream)>>>(p, page_div);
+  kernel<<<blocks, S::THREADS, S::kSmemBytes, static_cast<cudaStream_t>(ctx.stream)>>>(p, page_div);
   return cuda_status(cudaGetLastError(), "prefill kernel launch");
 }
 

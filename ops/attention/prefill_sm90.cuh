@@ -1,17 +1,19 @@
 // Prefill attention for Hopper (sm_90a): the FlashAttention-3 scheme (wgmma + TMA, warp
-// specialised) over the same work list and PrefillParams contract as prefill.cuh (see
-// attention.h for the causal/window alignment). docs/perf/prefill-sm90.md has the design notes.
+// specialised, ping-pong between two consumer warpgroups) over the same work list and
+// PrefillParams contract as prefill.cuh (see attention.h for the causal/window alignment).
+// docs/perf/prefill-sm90.md has the design notes and measurements.
 //
-// One CTA = 64 queries of a plan work item (kSm90CtasPerItem CTAs an item) x one query head, 256 threads:
-//   warpgroup 0, producer: one thread issues TMA loads (K and V tiles of BLOCK_N keys into a
-//     STAGES-deep shared-memory ring, "full" mbarriers counting bytes, "empty" mbarriers counting
-//     the consumer's 128 arrivals; Q too at head_dim 256); the other producer warps retire.
-//   warpgroup 1, consumer: S = Q K^T with wgmma (Q as register A fragments at head_dim <= 128,
-//     else from shared memory; K K-major in shared memory, 128-byte swizzle), scale / soft-cap /
-//     masks / online softmax on the accumulator registers, P packed to 16 bits in registers as the
-//     A operand of O += P V (V MN-major, the transpose bit).
-// Two CTAs share an SM for head_dim <= 128 (96 KB of smem each, setmaxnreg moves registers from
-// the producer to the consumer), so one CTA's softmax overlaps the other's tensor-core work.
+// One CTA = one plan work item (128 queries) x one query head, 384 threads:
+//   warpgroup 0, producer: one thread issues TMA loads (Q once; K and V tiles of BLOCK_N keys into
+//     a STAGES-deep shared-memory ring, "full" mbarriers counting bytes, "empty" mbarriers counting
+//     the consumers' 256 arrivals); the other producer warps retire.
+//   warpgroups 1 and 2, consumers, 64 queries each: S = Q K^T with wgmma (Q and K K-major in
+//     shared memory, 128-byte swizzle), scale / soft-cap / masks / online softmax on the
+//     accumulator registers, P packed to 16 bits in registers as the A operand of O += P V (V
+//     MN-major, the transpose bit). Each consumer overlaps its own GEMMs with its softmax (S of the
+//     next tile and P V of this one are in flight while the softmax runs), and the two take turns
+//     issuing GEMMs (named-barrier ping-pong), so one's softmax runs under the other's GEMMs.
+// setmaxnreg moves registers from the producer (40) to the consumers (232).
 //
 // KV tiles come in TMA boxes of 64 head-dim columns (128 bytes, the swizzle span) by B rows:
 //   paged cache: B = min(page_size, BLOCK_N), one box per page (page_size | BLOCK_N) or one box
@@ -20,18 +22,20 @@
 //     of BLOCK_N pages per tile.
 //   kv_contiguous, one page per request (single prefill): one box of BLOCK_N slots per tile.
 // Rows past the cache's extent read as zero (TMA out-of-bounds fill); rows past kv_len inside a
-// paged cache's last page are stale memory, so the consumer zeroes V's rows >= kv_len of the last
+// paged cache's last page are stale memory, so each consumer zeroes V's rows >= kv_len of the last
 // tile before P V (0 * NaN would otherwise poison O); K's are masked to -inf like any key.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the runtime's entry point
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 #include <string>
 #include <type_traits>
 
 #include "ops/attention/attention.h"
+#include "ops/attention/prefill.cuh"
 #include "ops/attention/state.h"
 #include "ops/common/cuda_utils.cuh"
 #include "ops/common/dtypes.h"
@@ -41,34 +45,33 @@
 
 namespace kiln::attention {
 
-constexpr int kSm90Threads = 256;  // producer warpgroup + one consumer warpgroup
-constexpr int kSm90Queries = 64;   // one wgmma M per CTA
-// A plan work item (kPrefillQueriesPerItem queries, sized for the FA2 kernel's CTA) is served
-// by this many CTAs, each taking 64 consecutive queries of it.
-constexpr int kSm90CtasPerItem = kPrefillQueriesPerItem / kSm90Queries;
-static_assert(kPrefillQueriesPerItem % kSm90Queries == 0, "CTAs split a plan work item evenly");
+constexpr int kSm90Consumers = 2;                         // consumer warpgroups, 64 queries each
+constexpr int kSm90Threads = 128 * (1 + kSm90Consumers);  // + the producer warpgroup
+constexpr int kSm90Queries = 64 * kSm90Consumers;         // queries per CTA: one plan work item
+static_assert(kSm90Queries == kPrefillQueriesPerItem, "one CTA serves one plan work item");
 
 template <typename T, int HEAD_DIM>
 struct Sm90Shape {
-  // KV keys per tile: S is 64 x BLOCK_N f32 (BLOCK_N / 2 registers a thread) next to O (HEAD_DIM /
-  // 2); 64 for head_dim 128/256 keeps two CTAs per SM (128) and the registers in budget (256).
-  static constexpr int BLOCK_N = HEAD_DIM == 64 ? 128 : 64;
-  // Q as the A operand from registers (HEAD_DIM / 4 registers a thread, loaded once) halves the
-  // shared-memory reads of S = Q K^T; at head_dim 256 O alone takes 128 registers, so Q stays in
-  // shared memory there (loaded by TMA) and S is an SS wgmma.
-  static constexpr bool Q_IN_REGS = HEAD_DIM <= 128;
-  static constexpr int STAGES = Q_IN_REGS ? 3 : 2;
-  static constexpr int CHUNKS = HEAD_DIM / 64;                                 // 128-byte column chunks
-  static constexpr int Q_BYTES = Q_IN_REGS ? 0 : CHUNKS * kSm90Queries * 128;  // 64 rows x 128 B a chunk
-  static constexpr int KV_CHUNK_BYTES = BLOCK_N * 128;                         // one chunk of a K or V tile
-  static constexpr int KV_BYTES = CHUNKS * KV_CHUNK_BYTES;                     // one K or V tile
-  static constexpr int BAR_OFFSET = Q_BYTES + 2 * STAGES * KV_BYTES;           // mbarriers after the tiles
+  // KV keys per tile: a consumer's S is 64 x BLOCK_N f32 (BLOCK_N / 2 registers a thread) next to
+  // O (HEAD_DIM / 2) and P (BLOCK_N / 4): 128 keys up to head_dim 128 (FA3's causal tile), 64 at
+  // 256 where O alone takes 128 registers.
+  static constexpr int BLOCK_N = HEAD_DIM <= 128 ? 128 : 64;
+  static constexpr int CHUNKS = HEAD_DIM / 64;              // 128-byte column chunks
+  static constexpr int Q_CHUNK_BYTES = kSm90Queries * 128;  // 128 rows x 128 B
+  static constexpr int Q_BYTES = CHUNKS * Q_CHUNK_BYTES;
+  static constexpr int KV_CHUNK_BYTES = BLOCK_N * 128;      // one chunk of a K or V tile
+  static constexpr int KV_BYTES = CHUNKS * KV_CHUNK_BYTES;  // one K or V tile
+  // As many stages as fit next to Q in 227 KB: 3 at head_dim 64 (16 KB tiles), else 2 (32 KB).
+  static constexpr int STAGES = HEAD_DIM == 64 ? 3 : 2;
+  static constexpr int BAR_OFFSET = Q_BYTES + 2 * STAGES * KV_BYTES;  // mbarriers after the tiles
   static constexpr int NUM_BARS = 1 + 4 * STAGES;
   static constexpr size_t kSmemBytes = size_t(BAR_OFFSET) + NUM_BARS * 8 + 1024;  // + alignment slack
-  static constexpr int MIN_BLOCKS = HEAD_DIM <= 128 ? 2 : 1;
-  static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 216;  // 40 + 216 = 2 x 128 (the cap)
+  // Registers a thread: producer + 2 x consumer = 3 x 168 (the launch allocation, 384 x 168 =
+  // 64512), multiples of 8. The producer's per-box page arrays need 56 at head_dim 64 (3 stages).
+  static constexpr int PRODUCER_REGS = HEAD_DIM == 64 ? 56 : 40;
+  static constexpr int CONSUMER_REGS = (3 * 168 - PRODUCER_REGS) / 2;
   static_assert(HEAD_DIM % 64 == 0, "head_dim must be a multiple of 64 (the swizzle span)");
-  static_assert(MIN_BLOCKS == 1 || 2 * (kSmemBytes + 2048) <= 228 * 1024, "two CTAs per SM");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 };
 
 // Status code of launch_prefill_sm90 when it declines a call before launching anything (the
@@ -81,14 +84,12 @@ struct Sm90KvBoxes {
   bool page_axis;  // boxes run along the page axis (ragged: one-token pages)
 };
 
-// OVERLAP: FA3's intra-warpgroup overlap (S of the next tile and P V of this one in flight during
-// the next softmax; 32-64 more registers, no spills). The default since the first H200 run: the
-// self-test (tests/cuda/prefill_sm90_selftest.cu, which checks and times both) measured it 7 %
-// faster at causal 8192 (3.66 vs 3.94 ms in its harness) and correct on every case.
-constexpr bool kSm90Overlap = true;
+// Named barriers (id 0 is __syncthreads'): consumer c's turn to issue GEMMs is barrier 1 + c
+// (256 = both consumers: c syncs, the other arrives); 3 + c orders consumer c's V zeroing.
+constexpr int kSm90TurnBarrier = 1, kSm90ZeroBarrier = 3;
 
-template <typename T, int HEAD_DIM, bool SOFTCAP, bool OVERLAP = kSm90Overlap>
-__global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOCKS)
+template <typename T, int HEAD_DIM, bool SOFTCAP>
+__global__ void __launch_bounds__(kSm90Threads, 1)
     prefill_sm90_kernel(const PrefillParams p, const __grid_constant__ CUtensorMap tq,
                         const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
                         const Sm90KvBoxes boxes) {
@@ -109,20 +110,21 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
   uint64_t* k_empty = v_full + STAGES;
   uint64_t* v_empty = k_empty + STAGES;
 
-  const int item = blockIdx.x / kSm90CtasPerItem;
+  const PrefillCta cta = prefill_cta(p, blockIdx.x);
+  const int item = cta.item;
   const int request = p.work_request[item];
   if (request < 0) return;  // padding item: the whole CTA leaves before any barrier exists
   const int q_begin = p.qo_indptr[request];
   const int qo_len = p.qo_indptr[request + 1] - q_begin;
   const int kv_len = p.kv_len[request];
   const int offset = kv_len - qo_len;  // query i sits at key position i + offset
-  const int q0 = p.work_q_start[item] + (blockIdx.x % kSm90CtasPerItem) * kSm90Queries;
-  if (q0 >= qo_len) return;  // the item's last queries: none left for this CTA (before any barrier)
-  const int head = blockIdx.y;
+  const int q0 = p.work_q_start[item];
+  const int head = cta.head;
   const int kv_head = head / int(p.num_qo_heads / p.num_kv_heads);
 
   // KV range, as in prefill.cuh: causal ends after the last query's diagonal, a window starts at
-  // the first query's edge (rounded down to a tile); tiles outside are never loaded.
+  // the first query's edge (rounded down to a tile); tiles outside are never loaded. Both
+  // consumers walk the CTA's range (the same tiles, so they share every K/V load).
   const int last_q = min(q0 + kSm90Queries, qo_len) - 1;
   const int kv_end = p.causal ? max(0, min(kv_len, last_q + offset + 1)) : kv_len;
   int kv_start = p.window_left >= 0 ? max(0, q0 + offset - p.window_left) : 0;
@@ -134,8 +136,8 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
     for (int s = 0; s < STAGES; ++s) {
       sm90::mbar_init(&k_full[s], 1);
       sm90::mbar_init(&v_full[s], 1);
-      sm90::mbar_init(&k_empty[s], 128);
-      sm90::mbar_init(&v_empty[s], 128);
+      sm90::mbar_init(&k_empty[s], 128 * kSm90Consumers);
+      sm90::mbar_init(&v_empty[s], 128 * kSm90Consumers);
     }
     sm90::fence_barrier_init();
   }
@@ -143,18 +145,15 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
 
   if (threadIdx.x < 128) {
     // ---------------- producer ----------------
-    if constexpr (S::MIN_BLOCKS > 1) sm90::setmaxnreg_dec<S::PRODUCER_REGS>();
+    sm90::setmaxnreg_dec<S::PRODUCER_REGS>();
     if (threadIdx.x != 0) return;
-    if constexpr (!S::Q_IN_REGS) sm90::prefetch_tensor_map(&tq);  // tq is unset otherwise
+    sm90::prefetch_tensor_map(&tq);
     sm90::prefetch_tensor_map(&tk);
     sm90::prefetch_tensor_map(&tv);
-    if constexpr (!S::Q_IN_REGS) {
-      sm90::mbar_arrive_expect_tx(q_full, S::Q_BYTES);
+    sm90::mbar_arrive_expect_tx(q_full, S::Q_BYTES);
 #pragma unroll
-      for (int c = 0; c < CHUNKS; ++c) {
-        sm90::tma_load_3d(sq + c * kSm90Queries * 128, &tq, q_full, c * 64, head, q_begin + q0);
-      }
-    }
+    for (int c = 0; c < CHUNKS; ++c)
+      sm90::tma_load_3d(sq + c * S::Q_CHUNK_BYTES, &tq, q_full, c * 64, head, q_begin + q0);
     const int32_t* pages = p.kv.page_indices + p.kv.page_indptr[request];
     const int num_pages = p.kv.page_indptr[request + 1] - p.kv.page_indptr[request];
     const int page_size = static_cast<int>(p.kv.page_size);
@@ -165,7 +164,7 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
       const uint32_t phase = (i / STAGES) & 1;
       const int tok0 = kv_start + i * N;
       // The tile's boxes: (page, first slot) each, or -1 past the request's pages (rows >= kv_len,
-      // not loaded: the consumer masks them and zeroes V there). The page-table loads are
+      // not loaded: the consumers mask them and zero V there). The page-table loads are
       // independent (one latency, not one per box) and shared by K and V.
       int box_page[MAX_BOXES], box_slot[MAX_BOXES];
       uint32_t bytes = 0;
@@ -198,42 +197,37 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
     return;
   }
 
-  // ---------------- consumer ----------------
-  if constexpr (S::MIN_BLOCKS > 1) sm90::setmaxnreg_inc<S::CONSUMER_REGS>();
-  const int ct = threadIdx.x - 128;
+  // ---------------- consumers ----------------
+  sm90::setmaxnreg_inc<S::CONSUMER_REGS>();
+  const int cw = threadIdx.x / 128 - 1;  // consumer warpgroup: queries q0 + 64 cw ..
+  const int ct = threadIdx.x % 128;
   const int warp = ct / 32, lane = ct % 32;
   const int g = lane / 4, t = lane % 4;
-  const int qi0 = q0 + warp * 16 + g, qi1 = qi0 + 8;  // this thread's two query rows
-
-  // Q as wgmma A fragments (the mma.sync m16n8k16 layout per warp: rows g, g+8; columns 2t, 2t+8
-  // of each 16-wide k-step), zero past qo_len; the same loads as prefill.cuh.
-  uint32_t qa[S::Q_IN_REGS ? HEAD_DIM / 16 : 1][4];
-  if constexpr (S::Q_IN_REGS) {
-    const T* qh = static_cast<const T*>(p.q) + head * p.q_stride_h;
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int qi = (r & 1) ? qi1 : qi0;
-      const T* qrow = qh + int64_t(q_begin + qi) * p.q_stride_n;
-#pragma unroll
-      for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
-        const int col = kk * 16 + 2 * t + (r >> 1) * 8;
-        qa[kk][r] = qi < qo_len ? *reinterpret_cast<const uint32_t*>(qrow + col) : 0u;
-      }
-    }
-  }
+  const int row0 = q0 + 64 * cw;         // this warpgroup's first query
+  const int qi0 = row0 + warp * 16 + g;  // this thread's two query rows: qi0, qi0 + 8
+  // Logits go to log2 units inside exp2's FMA (kfac); with soft-cap they are capped (and scaled)
+  // first. Masks and row maxima work on the raw logits (kfac > 0 keeps their order).
+  const float kfac = SOFTCAP ? 1.0f : p.sm_scale * kLog2e;
+  const float cap_in = p.sm_scale / p.soft_cap, cap_out = p.soft_cap * kLog2e;
+  const bool zero_tail = !p.kv_contiguous;  // stale rows past kv_len exist only in real pages
 
   float o[HEAD_DIM / 2];
 #pragma unroll
   for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.0f;
-  float m[2] = {neg_inf(), neg_inf()};
+  float m[2] = {neg_inf(), neg_inf()};  // running max, log2 units
   float l[2] = {0.0f, 0.0f};
-  const float scale = SOFTCAP ? p.sm_scale / p.soft_cap : p.sm_scale * kLog2e;
-  const bool zero_tail = !p.kv_contiguous;  // stale rows past kv_len exist only in real pages
-  const uint32_t sq_addr = sm90::smem_u32(sq);
-  (void)sq_addr;
 
+  // Ping-pong: a consumer issues its GEMMs only in its turn and passes the turn on right after,
+  // so the tensor cores serve one warpgroup's GEMMs while the other's softmax runs. Consumer 0
+  // goes first; each consumer takes (num_tiles + 1) turns, and consumer 0 takes one more at the
+  // end so that every arrival on its barrier is consumed.
+  auto take_turn = [&] { sm90::named_barrier_sync(kSm90TurnBarrier + cw, 256); };
+  auto pass_turn = [&] { sm90::named_barrier_arrive(kSm90TurnBarrier + (1 - cw), 256); };
+  if (cw == 1) pass_turn();
+
+  const uint32_t sq_addr = sm90::smem_u32(sq) + cw * 64 * 128;  // this warpgroup's 64 rows of Q
   // S = Q K^T of tile i into acc, issued as one wgmma group (not waited for): HEAD_DIM / 16
-  // k-steps, each 32 bytes further inside the 128-byte chunk rows of K (and Q).
+  // k-steps, each 32 bytes further inside the 128-byte chunk rows of Q and K.
   auto issue_s = [&](int i, float (&acc)[N / 2]) {
     const int s = i % STAGES;
     const uint32_t sk_addr = sm90::smem_u32(sk + s * S::KV_BYTES);
@@ -242,58 +236,108 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
 #pragma unroll
     for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
       const uint32_t in_chunk = (kk % 4) * 32;
+      const uint64_t da = sm90::smem_desc_sw128(sq_addr + (kk / 4) * S::Q_CHUNK_BYTES + in_chunk, 16, 1024);
       const uint64_t db = sm90::smem_desc_sw128(sk_addr + (kk / 4) * S::KV_CHUNK_BYTES + in_chunk, 16, 1024);
-      if constexpr (S::Q_IN_REGS) {
-        sm90::wgmma_rs<T, N, false>(acc, qa[kk], db, kk > 0 ? 1 : 0);
-      } else {
-        const uint64_t da = sm90::smem_desc_sw128(sq_addr + (kk / 4) * kSm90Queries * 128 + in_chunk, 16, 1024);
-        sm90::wgmma_ss<T, N>(acc, da, db, kk > 0 ? 1 : 0);
-      }
+      sm90::wgmma_ss<T, N>(acc, da, db, kk > 0 ? 1 : 0);
     }
     sm90::wgmma_commit();
   };
 
-  // Scale, soft-cap, masks and the online-softmax step of tile i on its S accumulators:
-  // acc[4j + e] is row (e < 2 ? qi0 : qi1), key tok0 + 8j + 2t + (e & 1) (the m64nNk16 fragment).
-  // Updates m and l; writes the probabilities (float, same fragment) to pr and the factor O must
-  // be rescaled by. Writes no register a wgmma in flight may read (acc is only read).
-  auto softmax = [&](int i, const float (&acc)[N / 2], float (&pr)[N / 2], float (&rescale)[2]) {
+  // O += P V of tile i, issued as one wgmma group: N / 16 k-steps of 16 keys (16 rows of 128
+  // bytes = 2048 bytes each).
+  auto issue_pv = [&](int i, uint32_t (&pa)[N / 16][4]) {
+    const uint32_t sv_addr = sm90::smem_u32(sv + (i % STAGES) * S::KV_BYTES);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < N / 16; ++ks) {
+      const uint64_t db = sm90::smem_desc_sw128(sv_addr + ks * 16 * 128, S::KV_CHUNK_BYTES, 1024);
+      sm90::wgmma_rs<T, HEAD_DIM, true>(o, pa[ks], db, 1);
+    }
+    sm90::wgmma_commit();
+  };
+
+  // Waits for V of tile i; zeroes its rows >= kv_len where they may be stale memory (whole
+  // 128-byte rows, so the swizzle does not matter) before the tensor cores read them. Both
+  // consumers zero the same rows (zeros over zeros), each ordering only its own writes.
+  auto prepare_pv = [&](int i) {
+    const int s = i % STAGES, tok0 = kv_start + i * N;
+    sm90::mbar_wait(&v_full[s], (i / STAGES) & 1);
+    if (zero_tail && tok0 + N > kv_len) {
+      uint8_t* vt = sv + s * S::KV_BYTES;
+      const int first = max(kv_len - tok0, 0);
+      for (int idx = ct; idx < CHUNKS * (N - first) * 8; idx += 128) {
+        const int c = idx / ((N - first) * 8), rem = idx % ((N - first) * 8);
+        const int row = first + rem / 8, part = rem % 8;
+        *reinterpret_cast<uint4*>(vt + c * S::KV_CHUNK_BYTES + row * 128 + part * 16) = make_uint4(0, 0, 0, 0);
+      }
+      sm90::fence_proxy_async();
+      sm90::named_barrier_sync(kSm90ZeroBarrier + cw, 128);
+    }
+  };
+
+  // Soft-cap, masks and the online-softmax step of tile i, in place: acc (S, the m64nNk16
+  // fragment: acc[4j + e] is row qi0 + 8 (e >> 1), key tok0 + 8j + 2t + (e & 1)) becomes the
+  // probabilities; m and l are updated and `rescale` gets the factor O must be multiplied by.
+  // Writes no register a wgmma in flight reads (P V reads pa and o only).
+  auto softmax = [&](int i, float (&acc)[N / 2], float (&rescale)[2]) -> bool {
     const int tok0 = kv_start + i * N;
-    // Masks only where some key of the tile may be invisible to some query of the CTA.
-    const bool boundary = tok0 + N > kv_end || (p.causal && tok0 + N - 1 > q0 + offset) ||
-                          (p.window_left >= 0 && tok0 < q0 + kSm90Queries - 1 + offset - p.window_left);
-    float row_max[2] = {neg_inf(), neg_inf()};
+    if constexpr (SOFTCAP) {
 #pragma unroll
-    for (int j = 0; j < N / 8; ++j) {
+      for (int x = 0; x < N / 2; ++x) acc[x] = tanhf(acc[x] * cap_in) * cap_out;
+    }
+    // Masks only where some key of the tile may be invisible to some query of the warpgroup;
+    // each row's visible keys are one interval [lo, hi], so an element costs two compares.
+    const bool boundary = tok0 + N > kv_end || (p.causal && tok0 + N - 1 > row0 + offset) ||
+                          (p.window_left >= 0 && tok0 < row0 + 63 + offset - p.window_left);
+    if (boundary) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = acc[4 * j + e] * scale;
-        if constexpr (SOFTCAP) x = tanhf(x) * (p.soft_cap * kLog2e);
-        if (boundary) {
-          const int key = tok0 + 8 * j + 2 * t + (e & 1);
-          const int qpos = ((e >> 1) ? qi1 : qi0) + offset;
-          bool valid = key < kv_end;
-          if (p.causal) valid = valid && key <= qpos;
-          if (p.window_left >= 0) valid = valid && key >= qpos - p.window_left;
-          x = valid ? x : neg_inf();
+      for (int r = 0; r < 2; ++r) {
+        const int qpos = qi0 + 8 * r + offset;
+        const int hi = p.causal ? min(kv_end - 1, qpos) : kv_end - 1;
+        const int lo = p.window_left >= 0 ? qpos - p.window_left : INT_MIN;
+#pragma unroll
+        for (int j = 0; j < N / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = tok0 + 8 * j + 2 * t + e;
+            acc[4 * j + 2 * r + e] = (key >= lo && key <= hi) ? acc[4 * j + 2 * r + e] : neg_inf();
+          }
         }
-        pr[4 * j + e] = x;
-        row_max[e >> 1] = fmaxf(row_max[e >> 1], x);
       }
     }
+    float m_use[2];
+    bool moved = false;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
-      const float m_new = fmaxf(m[r], row_max[r]);
+      float row_max = neg_inf();
+#pragma unroll
+      for (int j = 0; j < N / 8; ++j) row_max = fmaxf(row_max, fmaxf(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]));
+      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
+      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
+      const float m_new = fmaxf(m[r], row_max * kfac);
       rescale[r] = scale_from(m[r], m_new);
       l[r] *= rescale[r];
+      moved = moved || rescale[r] != 1.0f;
       m[r] = m_new;
+      m_use[r] = m_new == neg_inf() ? 0.0f : m_new;  // a row with no key yet: exp2(-inf) = 0
     }
 #pragma unroll
     for (int x = 0; x < N / 2; ++x) {
-      pr[x] = scale_from(pr[x], m[(x >> 1) & 1]);
-      l[(x >> 1) & 1] += pr[x];
+      acc[x] = fast_exp2(fmaf(acc[x], kfac, -m_use[(x >> 1) & 1]));
+      l[(x >> 1) & 1] += acc[x];
+    }
+    // Past the first tiles the running max rarely moves: the O rescale is skipped when it moved
+    // for no row of the warp (one vote, so the branch stays uniform).
+    return __any_sync(0xffffffffu, moved);
+  };
+
+  auto rescale_o = [&](const float (&rescale)[2]) {
+#pragma unroll
+    for (int j = 0; j < HEAD_DIM / 8; ++j) {
+      o[4 * j + 0] *= rescale[0];
+      o[4 * j + 1] *= rescale[0];
+      o[4 * j + 2] *= rescale[1];
+      o[4 * j + 3] *= rescale[1];
     }
   };
 
@@ -312,107 +356,55 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
     }
   };
 
-  auto rescale_o = [&](const float (&rescale)[2]) {
-#pragma unroll
-    for (int j = 0; j < HEAD_DIM / 8; ++j) {
-      o[4 * j + 0] *= rescale[0];
-      o[4 * j + 1] *= rescale[0];
-      o[4 * j + 2] *= rescale[1];
-      o[4 * j + 3] *= rescale[1];
-    }
-  };
-
-  // Waits for V of tile i; zeroes its rows >= kv_len where they may be stale memory (whole
-  // 128-byte rows, so the swizzle does not matter) before the tensor cores read them.
-  auto prepare_pv = [&](int i) {
-    const int s = i % STAGES, tok0 = kv_start + i * N;
-    sm90::mbar_wait(&v_full[s], (i / STAGES) & 1);
-    if (zero_tail && tok0 + N > kv_len) {
-      uint8_t* vt = sv + s * S::KV_BYTES;
-      const int first = max(kv_len - tok0, 0);
-      for (int idx = ct; idx < CHUNKS * (N - first) * 8; idx += 128) {
-        const int c = idx / ((N - first) * 8), rem = idx % ((N - first) * 8);
-        const int row = first + rem / 8, part = rem % 8;
-        *reinterpret_cast<uint4*>(vt + c * S::KV_CHUNK_BYTES + row * 128 + part * 16) = make_uint4(0, 0, 0, 0);
-      }
-      sm90::fence_proxy_async();
-      sm90::named_barrier_sync(1, 128);
-    }
-  };
-
-  // O += P V of tile i, issued as one wgmma group: N / 16 k-steps of 16 keys (16 rows of 128
-  // bytes = 2048 bytes each). The caller fences o and pa first, outside any wgmma in flight
-  // (ptxas serialises wgmma when their input registers are defined inside a pipeline stage).
-  auto issue_pv = [&](int i, uint32_t (&pa)[N / 16][4]) {
-    const uint32_t sv_addr = sm90::smem_u32(sv + (i % STAGES) * S::KV_BYTES);
-    sm90::wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < N / 16; ++ks) {
-      const uint64_t db = sm90::smem_desc_sw128(sv_addr + ks * 16 * 128, S::KV_CHUNK_BYTES, 1024);
-      sm90::wgmma_rs<T, HEAD_DIM, true>(o, pa[ks], db, 1);
-    }
-    sm90::wgmma_commit();
-  };
-
-  if constexpr (!S::Q_IN_REGS) sm90::mbar_wait(q_full, 0);
-  float sacc[N / 2], pr[N / 2], rescale[2];
+  sm90::mbar_wait(q_full, 0);
+  float sacc[N / 2], rescale[2];
   uint32_t pa[N / 16][4];
-  if constexpr (!OVERLAP) {
-    // Each tile in turn: S, softmax, P V; the other CTA on the SM fills the tensor cores meanwhile.
-    for (int i = 0; i < num_tiles; ++i) {
-      issue_s(i, sacc);
-      sm90::wgmma_wait<0>();
-      sm90::fence_regs(sacc);
-      sm90::mbar_arrive(&k_empty[i % STAGES]);
-      softmax(i, sacc, pr, rescale);
-      pack_p(pr, pa);
-      rescale_o(rescale);
-      prepare_pv(i);
-      sm90::fence_regs(o);
-      sm90::fence_regs(pa);
-      issue_pv(i, pa);
-      sm90::wgmma_wait<0>();
-      sm90::fence_regs(o);
-      sm90::fence_regs(pa);
-      sm90::mbar_arrive(&v_empty[i % STAGES]);
-    }
-  } else if (num_tiles > 0) {
+  if (num_tiles > 0) {
     // FA3's intra-warpgroup overlap: S of tile i+1 and P V of tile i run on the tensor cores while
     // the softmax of tile i+1 runs on the CUDA cores; P is packed and O rescaled once P V of tile
-    // i is done (as in FA3, no register a running wgmma reads is written meanwhile).
+    // i is done. Two ptxas rules shape the loop (else it serialises every wgmma, warnings C7513 /
+    // C7514): no instruction defines an input register (o, pa) of a wgmma in flight, and the
+    // second group is not conditional (the last tile is peeled out).
+    take_turn();
     issue_s(0, sacc);
+    pass_turn();
     sm90::wgmma_wait<0>();
     sm90::fence_regs(sacc);
     sm90::mbar_arrive(&k_empty[0]);
-    softmax(0, sacc, pr, rescale);  // O is still zero: no rescale
-    pack_p(pr, pa);
+    softmax(0, sacc, rescale);  // O is still zero: no rescale
+    pack_p(sacc, pa);
     for (int i = 0; i + 1 < num_tiles; ++i) {
       prepare_pv(i);
       sm90::fence_regs(o);
       sm90::fence_regs(pa);
+      take_turn();
       issue_s(i + 1, sacc);
       issue_pv(i, pa);
+      pass_turn();
       sm90::wgmma_wait<1>();  // S of tile i+1 (the older group) is done; P V may still run
       sm90::fence_regs(sacc);
       sm90::mbar_arrive(&k_empty[(i + 1) % STAGES]);
-      softmax(i + 1, sacc, pr, rescale);
+      const bool moved = softmax(i + 1, sacc, rescale);
       sm90::wgmma_wait<0>();
       sm90::fence_regs(o);
       sm90::fence_regs(pa);
       sm90::mbar_arrive(&v_empty[i % STAGES]);
-      rescale_o(rescale);
-      pack_p(pr, pa);
+      if (moved) rescale_o(rescale);
+      pack_p(sacc, pa);
     }
     const int last = num_tiles - 1;
     prepare_pv(last);
     sm90::fence_regs(o);
     sm90::fence_regs(pa);
+    take_turn();
     issue_pv(last, pa);
+    pass_turn();
     sm90::wgmma_wait<0>();
     sm90::fence_regs(o);
     sm90::fence_regs(pa);
     sm90::mbar_arrive(&v_empty[last % STAGES]);
   }
+  if (cw == 0) take_turn();  // consumes consumer 1's last arrival
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -421,7 +413,7 @@ __global__ void __launch_bounds__(kSm90Threads, Sm90Shape<T, HEAD_DIM>::MIN_BLOC
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int qi = r ? qi1 : qi0;
+    const int qi = qi0 + 8 * r;
     if (qi >= qo_len) continue;
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
     T* out = static_cast<T*>(p.out) + int64_t(q_begin + qi) * p.out_stride_n + head * p.out_stride_h;
@@ -532,13 +524,13 @@ bool prefill_sm90_supported(const PrefillParams& p, int device, std::string* why
       !sm90_host::tma_stride_ok(kv.k_slot_stride, e) || !sm90_host::tma_stride_ok(kv.v_slot_stride, e)) {
     return no("q, k or v is not 16-byte aligned or has a stride TMA cannot take");
   }
-  if (p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0 || p.num_qo_heads > 65535) {
+  if (p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) {
     return no("unsupported head counts");
   }
   return true;
 }
 
-template <typename T, int HEAD_DIM, bool SOFTCAP, bool OVERLAP = kSm90Overlap>
+template <typename T, int HEAD_DIM, bool SOFTCAP>
 Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx) {
   using S = Sm90Shape<T, HEAD_DIM>;
   if (p.work_capacity == 0) return Status::Ok();
@@ -554,7 +546,7 @@ Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx) {
   const CUtensorMapDataType dt = sm90_host::tma_dtype<T>();
   const cuuint64_t e = sizeof(T);
   CUtensorMap tq{}, tk{}, tv{};
-  if constexpr (!S::Q_IN_REGS) {  // else Q is loaded into registers and tq stays unused
+  {
     const cuuint64_t dims[3] = {cuuint64_t(HEAD_DIM), cuuint64_t(p.num_qo_heads), cuuint64_t(p.q_rows)};
     const cuuint64_t strides[2] = {cuuint64_t(p.q_stride_h) * e, cuuint64_t(p.q_stride_n) * e};
     const cuuint32_t box[3] = {64, 1, cuuint32_t(kSm90Queries)};
@@ -582,22 +574,13 @@ Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx) {
                                               (which ? "v" : "k"));
     }
   }
-  constexpr auto kernel = prefill_sm90_kernel<T, HEAD_DIM, SOFTCAP, OVERLAP>;
+  constexpr auto kernel = prefill_sm90_kernel<T, HEAD_DIM, SOFTCAP>;
   Status st =
       cuda_status(allow_smem<kernel>(S::kSmemBytes, device), "prefill (sm90a): raising the shared-memory limit");
   if (!st.ok()) return st;
-  // The largest shared-memory carveout, so that two CTAs (2 x ~99 KB) fit an SM at head_dim <= 128;
-  // left to itself the driver may pick a smaller one that holds only one. Once per device.
-  static bool carveout_set[64] = {};
-  if (device >= 0 && device < 64 && !carveout_set[device]) {
-    st = cuda_status(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared),
-        "prefill (sm90a): setting the shared-memory carveout");
-    if (!st.ok()) return st;
-    carveout_set[device] = true;
-  }
-  const dim3 grid(static_cast<unsigned>(p.work_capacity * kSm90CtasPerItem), static_cast<unsigned>(p.num_qo_heads));
-  kernel<<<grid, kSm90Threads, S::kSmemBytes, static_cast<cudaStream_t>(ctx.stream)>>>(p, tq, tk, tv, boxes);
+  unsigned blocks = 0;
+  if (Status g = prefill_grid(p, &blocks); !g.ok()) return g;
+  kernel<<<blocks, kSm90Threads, S::kSmemBytes, static_cast<cudaStream_t>(ctx.stream)>>>(p, tq, tk, tv, boxes);
   return cuda_status(cudaGetLastError(), "prefill (sm90a) kernel launch");
 }
 

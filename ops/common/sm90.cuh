@@ -129,6 +129,11 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// An arrival on a named barrier without waiting for it (the producer side of a bar.sync).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---- wgmma -------------------------------------------------------------------------------------
 
 // Shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"): start address, leading

@@ -43,10 +43,10 @@ def _is_sm90(device: torch.device) -> bool:
 def prefill_kernel(backend: str, device: torch.device, api: str) -> int:
     """PrefillParams::kernel for FlashInfer's backend names: "fa2" the mma.sync kernel (every
     family), "fa3" the sm90a kernel (wgmma + TMA, compute capability 9.0 only; its module is always
-    built as 9.0a: BUILD.py declares sm90a), "auto" the faster of the two where measured. On the
-    H200 the fa2 kernel is faster today (causal 8192: 290 vs 285 TFLOP/s; batch paged 16 x 2048:
-    2116 vs 2218 us; docs/perf/prefill.md), so auto runs fa2 on every device until fa3 wins.
-    Calls the fa3 kernel cannot tile (page sizes, strides) still run fa2: docs/attention.md."""
+    built as 9.0a: BUILD.py declares sm90a), "auto" the faster of the two where measured: fa3 on
+    compute capability 9.0 (on the H200 causal 8192: 1.7x fa2; every shape of
+    benchmarks/prefill_backends.py: docs/perf/prefill.md), fa2 elsewhere. Calls the fa3 kernel
+    cannot tile (page sizes, strides) run fa2: docs/attention.md."""
     if backend not in PREFILL_BACKENDS:
         raise ValueError(f"{api}: backend must be one of 'auto', 'fa2', 'fa3', got {backend!r}")
     if backend == "fa3" and not _is_sm90(device):
@@ -61,7 +61,7 @@ def prefill_kernel(backend: str, device: torch.device, api: str) -> int:
             f"but {device} is {what}; //ops:attention families: {families}; use backend='fa2' or "
             "'auto'"
         )
-    if backend == "fa3":
+    if backend == "fa3" or (backend == "auto" and _is_sm90(device)):
         return 2 if env.get("KILN_PREFILL_FA3_STRICT") else 1  # 2: an error instead of a fallback
     return 0
 

@@ -187,9 +187,9 @@ class BatchPrefillWithPagedKVCacheWrapper:
     ) -> None:
         """float_workspace_buffer fixes the device; use_cuda_graph, the *_buf arguments and jit_args
         are accepted for FlashInfer compatibility (kiln's prefill needs no workspace); backend is
-        "auto" (the faster kernel where measured: fa2 today), "fa2" or "fa3" (9.0 only; page sizes
-        that neither divide nor are multiples of its KV tile still run fa2). A custom mask is not
-        supported."""
+        "auto" (the faster kernel where measured: fa3 on compute capability 9.0, else fa2), "fa2"
+        or "fa3" (9.0 only; page sizes that neither divide nor are multiples of its KV tile still
+        run fa2). A custom mask is not supported."""
         self._layout = _attention.layout_code(kv_layout, self.API)
         self._kv_layout = kv_layout
         if custom_mask_buf is not None:
@@ -473,7 +473,8 @@ def single_prefill_with_kv_cache(
 ):
     """Prefill of one request: q [qo_len, num_qo_heads, head_dim] over k, v [kv_len, num_kv_heads,
     head_dim] (NHD) or [num_kv_heads, kv_len, head_dim] (HND). Returns out (and lse). backend:
-    "auto" (the faster kernel where measured: fa2 today), "fa2" or "fa3" (9.0 only)."""
+    "auto" (the faster kernel where measured: fa3 on compute capability 9.0, else fa2), "fa2" or
+    "fa3" (9.0 only)."""
     api = "single_prefill_with_kv_cache"
     layout = _attention.layout_code(kv_layout, api)
     kernel = _attention.prefill_kernel(backend, q.device, api)

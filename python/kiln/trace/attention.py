@@ -561,7 +561,7 @@ PREFILL_OPTIONS = {
     "lse": "second output, not benchmarked",
     "return_lse": "as lse",
     "enable_pdl": "launch detail",
-    "backend": "kernel choice (auto = fa2 today, fa2, fa3 on compute capability 9.0); same results",
+    "backend": "kernel choice (auto: fa3 on compute capability 9.0, else fa2); same results",
 }
 CAUSAL = Scalar("bool", False, "mask keys after each query's position (aligned to the end)")
 

@@ -410,3 +410,27 @@ def test_backend_argument(device):
         if device == "cpu" or not _sm90():
             with pytest.raises(ValueError, match=r"backend='fa3' needs a compute capability 9\.0 GPU.*sm90a"):
                 make("fa3")
+
+
+def test_auto_backend_picks_fa3_on_sm90_only(monkeypatch):
+    """backend="auto" asks for the sm90a kernel on compute capability 9.0 (faster there on every
+    measured shape: docs/perf/prefill.md) and the fa2 kernel on every other device."""
+    from kiln import _attention
+
+    cuda = torch.device("cuda", 0)
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("KILN_PREFILL_FA3_STRICT", raising=False)
+    for cc, expected in (((9, 0), 1), ((8, 0), 0), ((8, 9), 0), ((10, 0), 0), ((12, 0), 0)):
+        monkeypatch.setattr(_attention.utils, "compute_capability", lambda device, cc=cc: cc)
+        _attention._is_sm90.cache_clear()
+        assert _attention.prefill_kernel("auto", cuda, "api") == expected, cc
+        assert _attention.prefill_kernel("fa2", cuda, "api") == 0
+    assert _attention.prefill_kernel("auto", cpu, "api") == 0
+    # KILN_PREFILL_FA3_STRICT turns auto's fallback on 9.0 into an error too (docs/env.md).
+    monkeypatch.setenv("KILN_PREFILL_FA3_STRICT", "1")
+    monkeypatch.setattr(_attention.utils, "compute_capability", lambda device: (9, 0))
+    _attention._is_sm90.cache_clear()
+    assert _attention.prefill_kernel("auto", cuda, "api") == 2
+    assert _attention.prefill_kernel("fa2", cuda, "api") == 0
+    monkeypatch.undo()
+    _attention._is_sm90.cache_clear()  # the real answer again for later tests
