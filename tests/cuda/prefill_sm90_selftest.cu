@@ -308,6 +308,10 @@ int main() {
       {"paged NHD page128 d128 (tile in page)", 128, {70, 5}, {300, 129}, 128, false, true, -1},
       {"paged HND page32 d256 causal", 256, {65, 3}, {150, 40}, 32, true, true, -1},
       {"ragged d128 causal", 128, {70, 1, 200}, {90, 1, 200}, 0, false, true, -1},
+      // More CTAs (items x 4 heads) than SMs, in prefill_cta's order across requests.
+      {"paged NHD page16 d128 causal, 288 CTAs", 128, std::vector<int>(24, 300), std::vector<int>(24, 333), 16, false,
+       true, -1},
+      {"ragged d64, 480 CTAs", 64, std::vector<int>(40, 257), std::vector<int>(40, 257), 0, false, false, -1},
   };
   int fails = 0;
   for (const Case& c : cases) fails += run(c);
