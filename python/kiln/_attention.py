@@ -66,6 +66,16 @@ def prefill_kernel(backend: str, device: torch.device, api: str) -> int:
     return 0
 
 
+def indptr_lengths(indptr: torch.Tensor, name: str, api: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(indptr, lengths) on the host as int64 for an indptr of B + 1 entries that starts at 0 and
+    does not decrease; a ValueError naming the argument otherwise."""
+    indptr_h = indptr.to("cpu", torch.int64)
+    lengths = indptr_h[1:] - indptr_h[:-1]
+    if indptr_h.numel() < 1 or indptr_h[0] != 0 or bool((lengths < 0).any()):
+        raise ValueError(f"{api}: {name} must start at 0 and be non-decreasing")
+    return indptr_h, lengths
+
+
 def split_cache(paged_kv_cache, api: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(k_cache, v_cache) from a tuple, or from one [pages, 2, ...] tensor."""
     if isinstance(paged_kv_cache, (tuple, list)):

@@ -98,10 +98,7 @@ class _PrefillPlan:
             raise ValueError(f"{api}.plan: kv_data_type {kv_dtype} must equal q_data_type {q_dtype}")
         soft_cap = logits_soft_cap if logits_soft_cap is not None and logits_soft_cap > 0 else None
         self.module = _attention.module(q_dtype, head_dim, soft_cap is not None, device, api + ".plan")
-        qo_h = qo_indptr.to("cpu", torch.int64)
-        qo_len = qo_h[1:] - qo_h[:-1]
-        if qo_h.numel() < 1 or qo_h[0] != 0 or bool((qo_len < 0).any()):
-            raise ValueError(f"{api}.plan: qo_indptr must start at 0 and be non-decreasing")
+        qo_h, qo_len = _attention.indptr_lengths(qo_indptr, "qo_indptr", api + ".plan")
         if kv_len_h.numel() != qo_len.numel():
             raise ValueError(
                 f"{api}.plan: {qo_len.numel()} requests in qo_indptr but {kv_len_h.numel()} in the "
@@ -166,7 +163,27 @@ class _PrefillPlan:
         return (out, lse) if return_lse else out
 
 
-class BatchPrefillWithPagedKVCacheWrapper:
+class _PrefillWrapper:
+    """The constructor and run() checks the paged and ragged prefill wrappers share (subclasses
+    set API)."""
+
+    API = ""
+
+    def _setup(self, float_workspace_buffer: torch.Tensor, custom_mask_buf, backend: str) -> None:
+        if custom_mask_buf is not None:
+            raise ValueError(f"{self.API}: custom masks are not supported")
+        self._device = float_workspace_buffer.device
+        self._kernel = _attention.prefill_kernel(backend, self._device, self.API)
+        self._plan = None
+
+    def _check_run(self, args, q_scale, k_scale, v_scale) -> None:
+        if self._plan is None:
+            raise RuntimeError(f"{self.API}.run called before plan()")
+        if args or q_scale is not None or k_scale is not None or v_scale is not None:
+            raise ValueError(f"{self.API}.run: fp8 scales are not supported")
+
+
+class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
     """Batch prefill over paged KV caches (the layout of BatchDecodeWithPagedKVCacheWrapper)."""
 
     API = "BatchPrefillWithPagedKVCacheWrapper"
@@ -192,11 +209,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
         run fa2). A custom mask is not supported."""
         self._layout = _attention.layout_code(kv_layout, self.API)
         self._kv_layout = kv_layout
-        if custom_mask_buf is not None:
-            raise ValueError(f"{self.API}: custom masks are not supported")
-        self._device = float_workspace_buffer.device
-        self._kernel = _attention.prefill_kernel(backend, self._device, self.API)
-        self._plan = None
+        self._setup(float_workspace_buffer, custom_mask_buf, backend)
 
     def plan(
         self,
@@ -271,10 +284,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
         window_left: int | None = None,
     ):
         """out [total_q, num_qo_heads, head_dim] (and lse [total_q, num_qo_heads] with return_lse)."""
-        if self._plan is None:
-            raise RuntimeError(f"{self.API}.run called before plan()")
-        if args or q_scale is not None or k_scale is not None or v_scale is not None:
-            raise ValueError(f"{self.API}.run: fp8 scales are not supported")
+        self._check_run(args, q_scale, k_scale, v_scale)
         if window_left is not None and window_left != self._plan.window_left:
             raise ValueError(
                 f"{self.API}.run: window_left={window_left} differs from plan's {self._plan.window_left}"
@@ -292,7 +302,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
     forward = run
 
 
-class BatchPrefillWithRaggedKVCacheWrapper:
+class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
     """Batch prefill where each request's keys and values are contiguous rows of k, v."""
 
     API = "BatchPrefillWithRaggedKVCacheWrapper"
@@ -311,11 +321,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
     ) -> None:
         if kv_layout != "NHD":
             raise ValueError(f"{self.API}: kv_layout must be 'NHD' (k, v [total_kv, num_kv_heads, head_dim])")
-        if custom_mask_buf is not None:
-            raise ValueError(f"{self.API}: custom masks are not supported")
-        self._device = float_workspace_buffer.device
-        self._kernel = _attention.prefill_kernel(backend, self._device, self.API)
-        self._plan = None
+        self._setup(float_workspace_buffer, custom_mask_buf, backend)
 
     def plan(
         self,
@@ -341,10 +347,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
     ) -> None:
         if custom_mask is not None or packed_custom_mask is not None:
             raise ValueError(f"{self.API}.plan: custom masks are not supported")
-        kv_h = kv_indptr.to("cpu", torch.int64)
-        kv_len = kv_h[1:] - kv_h[:-1]
-        if kv_h.numel() < 1 or kv_h[0] != 0 or bool((kv_len < 0).any()):
-            raise ValueError(f"{self.API}.plan: kv_indptr must start at 0 and be non-decreasing")
+        kv_h, kv_len = _attention.indptr_lengths(kv_indptr, "kv_indptr", self.API + ".plan")
         q_dtype = _attention.as_dtype(q_data_type, torch.float16)
         self._plan = _PrefillPlan(
             self.API,
@@ -390,10 +393,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         enable_pdl=None,
     ):
         """out [total_q, num_qo_heads, head_dim] (and lse [total_q, num_qo_heads] with return_lse)."""
-        if self._plan is None:
-            raise RuntimeError(f"{self.API}.run called before plan()")
-        if args or q_scale is not None or k_scale is not None or v_scale is not None:
-            raise ValueError(f"{self.API}.run: fp8 scales are not supported")
+        self._check_run(args, q_scale, k_scale, v_scale)
         expect = [self._total_kv, self._plan.num_kv_heads, self._plan.head_dim]
         if k.dim() != 3 or list(k.shape) != expect or k.shape != v.shape:
             raise ValueError(
