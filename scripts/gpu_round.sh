@@ -40,11 +40,8 @@ left() {
 
 nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
 step "install"
-python3 -m pip install -q --no-build-isolation --no-deps -e . >"$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
-if ls .peers/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/peers .peers/*.whl >>"$OUT/setup.log" 2>&1
-  export PYTHONPATH=/tmp/peers${PYTHONPATH:+:$PYTHONPATH} FLASHINFER_WORKSPACE_BASE=/tmp/fi FLASHINFER_CUDA_ARCH_LIST=9.0a
-fi
+. scripts/device_setup.sh
+install_kiln_and_peers "$OUT/setup.log"
 
 if [ -z "${SKIP_PREBUILD:-}" ]; then
   sets=(); for s in ${PREBUILD_SET:-}; do sets+=(--set "$s"); done

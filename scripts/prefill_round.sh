@@ -23,12 +23,11 @@ step() { echo "== [$(( $(date +%s) - t0 )) s] $*" | tee -a "$OUT/steps.log"; }
 
 nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
 step "install"
-python3 -m pip install -q --no-build-isolation --no-deps -e . >/tmp/setup.log 2>&1 || { cat /tmp/setup.log; exit 1; }
+. scripts/device_setup.sh
+install_kiln_and_peers /tmp/setup.log "${PEERS:-1}"
 backends_single=kiln,kiln_fa2,kiln_fa3,torch_sdpa
 backends_batch=kiln,kiln_fa2,kiln_fa3,torch_sdpa
-if [ "${PEERS:-1}" != 0 ] && ls .peers/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/peers .peers/*.whl >>/tmp/setup.log 2>&1
-  export PYTHONPATH=/tmp/peers${PYTHONPATH:+:$PYTHONPATH} FLASHINFER_WORKSPACE_BASE=/tmp/fi FLASHINFER_CUDA_ARCH_LIST=9.0a
+if [ "$have_peers" = 1 ]; then
   backends_single+=,flashinfer_fa3
   backends_batch+=,flashinfer
 fi

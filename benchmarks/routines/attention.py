@@ -394,27 +394,9 @@ def kiln_fa3_available(device: torch.device, dtype: str) -> str | None:
     return None
 
 
-def kiln_batch_prefill(inp, ctx, backend="auto"):
-    w = kiln.BatchPrefillWithPagedKVCacheWrapper(_workspace(ctx), "NHD", backend=backend)
-    w.plan(
-        inp["qo_indptr"],
-        inp["paged_kv_indptr"],
-        inp["paged_kv_indices"],
-        inp["paged_kv_last_page_len"],
-        inp["num_qo_heads"],
-        inp["num_kv_heads"],
-        inp["head_dim_qk"],
-        inp["page_size"],
-        causal=inp["causal"],
-        q_data_type=inp["q"].dtype,
-    )
-    q, cache = inp["q"], inp["paged_kv_cache"]
-    return lambda: w.run(q, cache)
-
-
-def flashinfer_batch_prefill(inp, ctx):
-    fi = _flashinfer()[0]
-    w = fi.BatchPrefillWithPagedKVCacheWrapper(_workspace(ctx), "NHD")
+def _batch_prefill(lib, inp, ctx, **wrapper_kw):
+    """kiln's and FlashInfer's paged batch prefill share one API: the same plan and run."""
+    w = lib.BatchPrefillWithPagedKVCacheWrapper(_workspace(ctx), "NHD", **wrapper_kw)
     w.plan(
         inp["qo_indptr"],
         inp["paged_kv_indptr"],
@@ -430,6 +412,14 @@ def flashinfer_batch_prefill(inp, ctx):
     )
     q, cache = inp["q"], inp["paged_kv_cache"]
     return lambda: w.run(q, cache)
+
+
+def kiln_batch_prefill(inp, ctx, backend="auto"):
+    return _batch_prefill(kiln, inp, ctx, backend=backend)
+
+
+def flashinfer_batch_prefill(inp, ctx):
+    return _batch_prefill(_flashinfer()[0], inp, ctx)
 
 
 def torch_sdpa_batch_prefill(inp, ctx):
@@ -469,24 +459,9 @@ BATCH_PREFILL = Routine(
 )
 
 
-def kiln_ragged_prefill(inp, ctx, backend="auto"):
-    w = kiln.BatchPrefillWithRaggedKVCacheWrapper(_workspace(ctx), "NHD", backend=backend)
-    w.plan(
-        inp["qo_indptr"],
-        inp["kv_indptr"],
-        inp["num_qo_heads"],
-        inp["num_kv_heads"],
-        inp["head_dim_qk"],
-        causal=inp["causal"],
-        q_data_type=inp["q"].dtype,
-    )
-    q, k, v = inp["q"], inp["k"], inp["v"]
-    return lambda: w.run(q, k, v)
-
-
-def flashinfer_ragged_prefill(inp, ctx):
-    fi = _flashinfer()[0]
-    w = fi.BatchPrefillWithRaggedKVCacheWrapper(_workspace(ctx), "NHD")
+def _ragged_prefill(lib, inp, ctx, **wrapper_kw):
+    """kiln's and FlashInfer's ragged batch prefill share one API: the same plan and run."""
+    w = lib.BatchPrefillWithRaggedKVCacheWrapper(_workspace(ctx), "NHD", **wrapper_kw)
     w.plan(
         inp["qo_indptr"],
         inp["kv_indptr"],
@@ -499,6 +474,14 @@ def flashinfer_ragged_prefill(inp, ctx):
     )
     q, k, v = inp["q"], inp["k"], inp["v"]
     return lambda: w.run(q, k, v)
+
+
+def kiln_ragged_prefill(inp, ctx, backend="auto"):
+    return _ragged_prefill(kiln, inp, ctx, backend=backend)
+
+
+def flashinfer_ragged_prefill(inp, ctx):
+    return _ragged_prefill(_flashinfer()[0], inp, ctx)
 
 
 BATCH_PREFILL_RAGGED = Routine(
