@@ -1,20 +1,19 @@
-"""`python -m codegen ...` from the repository root, or `python -m kiln.codegen ...` anywhere."""
+"""`python -m codegen ...` from the repository root: kiln's build-graph CLI (kiln.codegen.cli).
+
+Wherever kiln is installed (editable or from a wheel) the same CLI is `kiln-build ...` or
+`python -m kiln.codegen ...`. In a checkout with no install, kiln is imported from python/.
+"""
 
 import sys
 from pathlib import Path
 
 try:
-    from kiln.codegen.cli import main
+    import kiln  # noqa: F401 - only to find out whether kiln is importable
 except ModuleNotFoundError as e:
-    if e.name not in ("kiln", "kiln.codegen"):
+    if e.name != "kiln":
         raise
-    # A source checkout without an install: map kiln -> python/kiln and its subpackages
-    # codegen/ and runtime/ -> the repository's top-level folders, as the installed package does.
-    repo = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(repo / "python"))
-    import kiln
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-    kiln.__path__.append(str(repo))
-    from kiln.codegen.cli import main
+from kiln.codegen.cli import main  # noqa: E402
 
 sys.exit(main())

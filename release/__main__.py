@@ -4,17 +4,12 @@ import sys
 from pathlib import Path
 
 try:
-    import kiln.codegen  # noqa: F401 - only to find out whether kiln is importable
+    import kiln  # noqa: F401 - only to find out whether kiln is importable
 except ModuleNotFoundError as e:
-    if e.name not in ("kiln", "kiln.codegen"):
+    if e.name != "kiln":
         raise
-    # A source checkout without an install: map kiln -> python/kiln and its subpackages
-    # codegen/ and runtime/ -> the repository's top-level folders, as the installed package does.
-    repo = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(repo / "python"))
-    import kiln
-
-    kiln.__path__.append(str(repo))
+    # A checkout with no install: the kiln package is python/kiln, as a wheel installs it.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from release.cli import main  # noqa: E402
 

@@ -5,44 +5,54 @@
 
 The public API follows FlashInfer's names where an op exists there. The build graph, the JIT
 runtime and the kernel sources ship inside the package as kiln.codegen, kiln.runtime, kiln/_src.
+
+Importing kiln loads nothing but this file: each public name is imported from its module the first
+time it is used (module __getattr__), so `import kiln.runtime` and `import kiln.codegen` (the JIT
+and the build graph, which know no framework) never load torch or the public API.
 """
 
 from __future__ import annotations
 
-from . import utils
-from .cascade import merge_state, merge_state_in_place, merge_states
-from .decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
-from .norm import fused_add_rmsnorm, gemma_fused_add_rmsnorm, gemma_rmsnorm, rmsnorm
-from .page import append_paged_kv_cache, get_batch_indices_positions
-from .prefill import (
-    BatchPrefillWithPagedKVCacheWrapper,
-    BatchPrefillWithRaggedKVCacheWrapper,
-    single_prefill_with_kv_cache,
-)
+import importlib
 
-__all__ = [
-    "__version__",
-    "BatchDecodeWithPagedKVCacheWrapper",
-    "BatchPrefillWithPagedKVCacheWrapper",
-    "BatchPrefillWithRaggedKVCacheWrapper",
-    "append_paged_kv_cache",
-    "get_batch_indices_positions",
-    "merge_state",
-    "merge_state_in_place",
-    "merge_states",
-    "single_decode_with_kv_cache",
-    "single_prefill_with_kv_cache",
-    "fused_add_rmsnorm",
-    "gemma_fused_add_rmsnorm",
-    "gemma_rmsnorm",
-    "rmsnorm",
-    "utils",
-]
+# The public API: module (python/kiln/<module>.py) -> the names it exports. A new op family adds
+# one line here.
+_API = {
+    "norm": ("rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm"),
+    "decode": ("BatchDecodeWithPagedKVCacheWrapper", "single_decode_with_kv_cache"),
+    "prefill": ("BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper",
+                "single_prefill_with_kv_cache"),
+    "cascade": ("merge_state", "merge_state_in_place", "merge_states"),
+    "page": ("append_paged_kv_cache", "get_batch_indices_positions"),
+}
+_OWNER = {name: module for module, names in _API.items() for name in names}
+# Submodules that are part of the API as modules.
+_SUBMODULES = ("utils",)
+
+__all__ = ["__version__", *_OWNER, *_SUBMODULES]
 
 
 def __getattr__(name: str):
-    if name == "__version__":  # read from version.txt (R7.15) on first access, not at import
+    module = _OWNER.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(f"kiln.{module}"), name)
+        globals()[name] = value  # later lookups are plain attribute reads
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"kiln.{name}")
+    if name == "__version__":  # version.txt, read on first access
         from kiln.runtime.sources import kiln_version
 
         return kiln_version()
     raise AttributeError(f"module 'kiln' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def load_api() -> None:
+    """Import every public API module now (their torch custom ops, trace templates and logged APIs
+    register on import); kiln does this lazily otherwise."""
+    for module in _API:
+        importlib.import_module(f"kiln.{module}")

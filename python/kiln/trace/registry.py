@@ -5,7 +5,7 @@
 
 The decorator returns the function unchanged (it only records the pair and sets
 `fn.__kiln_trace__`), so it stacks with any other decorator. For plan/run APIs decorate `run`
-(R3.15). The registry fills as kiln's modules are imported; traced_apis() imports kiln first.
+The registry fills as kiln's API modules are imported; traced_apis() imports them all first.
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ def traced(template: TraceTemplate) -> Callable[[Callable], Callable]:
 
 def traced_apis() -> dict[str, Traced]:
     """Every traced API by template name (importing kiln registers them)."""
-    import kiln  # noqa: F401  (registration happens at import)
+    import kiln
+
+    kiln.load_api()  # registration happens when each API module is imported
 
     return dict(sorted(_TRACED.items()))
 

@@ -1,8 +1,8 @@
 """Where kiln's read-only kernel sources are, which kiln version this is, and the Python ABI.
 
 In a source checkout (and an editable install) the sources are the repository itself: this file
-is `<repo>/runtime/sources.py`. An installed wheel ships them as `kiln/_src/` beside `kiln/runtime/`.
-Either way they are only ever read (R2.7).
+is `<repo>/python/kiln/runtime/sources.py`. An installed wheel ships them as `kiln/_src/` beside
+`kiln/runtime/`. Either way they are only ever read.
 
 A kiln file has a *portable name* that is the same on every machine and in both layouts: its path
 relative to the source root (`ops/norm/norm.cuh`) or, for the Python side, to the package root
@@ -27,21 +27,22 @@ class SourceTreeError(RuntimeError):
 
 @functools.lru_cache(maxsize=1)
 def source_root() -> Path:
-    """The directory holding WORKSPACE.py, version.txt, ops/ and bindings/."""
-    here = Path(__file__).resolve().parent.parent
-    for candidate in (here / "_src", here):
+    """The directory holding WORKSPACE.py, version.txt, ops/ and bindings/: `kiln/_src` in a wheel,
+    the repository (two levels above the package, python/kiln) in a checkout."""
+    package = package_root()
+    candidates = (package / "_src", package.parent.parent)
+    for candidate in candidates:
         if (candidate / "WORKSPACE.py").is_file():
             return candidate
     raise SourceTreeError(
-        f"kiln's kernel sources were not found beside {here} (no WORKSPACE.py in {here / '_src'} "
-        f"or {here}); the installation is incomplete: reinstall kiln-kernels"
+        f"kiln's kernel sources were not found (no WORKSPACE.py in {' or '.join(map(str, candidates))}); "
+        f"the installation of {package} is incomplete: reinstall kiln-kernels"
     )
 
 
 @functools.lru_cache(maxsize=1)
 def package_root() -> Path:
-    """The directory holding runtime/ and codegen/: the repository in a checkout, the installed
-    `kiln` package directory in a wheel."""
+    """The `kiln` package directory (python/kiln in a checkout), holding runtime/ and codegen/."""
     return Path(__file__).resolve().parent.parent
 
 
