@@ -1,4 +1,4 @@
-"""kiln's benchmark harness: one harness for every op and backend (R4.10-15).
+"""kiln's benchmark harness: one harness for every op and backend.
 
     python -m benchmarks run <routine|all> [--backends kiln,torch,flashinfer] [--dtype bf16]
                              [--shapes examples|small|<example>[:axis=v,..]|axis=v,..]

@@ -8,7 +8,7 @@ Per case:
   3. per backend: unavailable here -> an `unavailable` record; else setup + one call on a fresh
      copy of the inputs, compared with the reference within the template's tolerance for the
      dtype. A backend that raises or misses is recorded `failed`, with the reason, and is not
-     timed (R4.14-15). Otherwise it is set up once per input set and timed (timing.py).
+     timed. Otherwise it is set up once per input set and timed (timing.py).
 """
 
 from __future__ import annotations

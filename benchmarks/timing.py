@@ -1,4 +1,4 @@
-"""Timing a batch of calls, and the statistics every result reports (R4.11-13).
+"""Timing a batch of calls, and the statistics every result reports.
 
 Mechanisms (the one used is recorded with every result):
   cupti            CUDA only, when `cupti-python` is importable (the default then): CUPTI

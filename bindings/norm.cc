@@ -1,9 +1,9 @@
 // //ops:norm launcher: validates the tensors, prepares NormParams, and calls the backend's entry
 // point (ops/norm/norm.h) on the caller's stream. Compiled by the host compiler for both
-// toolchains; only this layer knows Python (R3.3, R8.2).
+// toolchains; only this layer knows Python. Arguments are keyword-only.
 //
-//   rmsnorm(out, input, weight, eps, weight_offset, stream=0)
-//   fused_add_rmsnorm(input, residual, weight, eps, weight_offset, stream=0)
+//   rmsnorm(*, out, input, weight, eps, weight_offset, stream=0)
+//   fused_add_rmsnorm(*, input, residual, weight, eps, weight_offset, stream=0)
 //
 // input/out/residual: [rows, hidden] or [batch, seq, hidden], last dimension contiguous, leading
 // strides free; weight: [hidden], contiguous; all of the module's dtype and on one device.
@@ -156,10 +156,10 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
   m.doc() = "kiln //ops:norm launcher for one dtype and backend";
   m.attr("uri") = kiln::spec::kUri;
   m.attr("dtype") = kiln::dtype_name<Elem>();
-  m.def("rmsnorm", &rmsnorm, py::arg("out"), py::arg("input"), py::arg("weight"), py::arg("eps"),
+  m.def("rmsnorm", &rmsnorm, py::kw_only(), py::arg("out"), py::arg("input"), py::arg("weight"), py::arg("eps"),
         py::arg("weight_offset"), py::arg("stream") = 0,
         "out = input * rsqrt(mean(input^2, -1) + eps) * (weight + weight_offset)");
-  m.def("fused_add_rmsnorm", &fused_add_rmsnorm, py::arg("input"), py::arg("residual"), py::arg("weight"),
-        py::arg("eps"), py::arg("weight_offset"), py::arg("stream") = 0,
+  m.def("fused_add_rmsnorm", &fused_add_rmsnorm, py::kw_only(), py::arg("input"), py::arg("residual"),
+        py::arg("weight"), py::arg("eps"), py::arg("weight_offset"), py::arg("stream") = 0,
         "residual += input; input = rmsnorm(residual) (in place)");
 }

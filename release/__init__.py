@@ -1,4 +1,4 @@
-"""Precompiled packages for an explicit arch list (R7.14), and the artifact sets behind them.
+"""Precompiled packages for an explicit arch list, and the artifact sets behind them.
 
     python -m release build --arch-list "8.0 9.0a" [--toolchain cuda|host] [//ops/...] [--out dist/]
     python -m release verify dist/<wheel or artifact directory> [--sass]

@@ -71,7 +71,7 @@ def cmd_build(args) -> int:
     if args.toolchain == "cuda":
         arch_list = format_arch_list(parse_arch_list(
             args.arch_list or load_graph().workspace["RELEASE_ARCH_LIST"]))
-    # Exactly the release's arch list: never KILN_CUDA_ARCH_LIST or the local devices (R7.14).
+    # Exactly the release's arch list: never KILN_CUDA_ARCH_LIST or the local devices.
     ctx = ArchContext(parse_arch_list(arch_list), f"release arch list {arch_list!r}")
     specs = _specs(args.label, args.toolchain, ctx)
     what = args.toolchain + (f" for [{arch_list}]" if arch_list else "")

@@ -6,6 +6,7 @@ read with cuobjdump without running anything.
 
 from __future__ import annotations
 
+import os
 import shutil
 import stat
 import subprocess
@@ -32,6 +33,30 @@ def cuobjdump() -> str | None:
             candidate.chmod(candidate.stat().st_mode | 0o111)
             return str(candidate)
     return None
+
+
+def nvdisasm() -> str | None:
+    """nvdisasm (which cuobjdump runs to print SASS) from PATH, beside cuobjdump, or the
+    nvidia-cuda-nvdisasm wheel (test extra)."""
+    found = shutil.which("nvdisasm")
+    if found:
+        return found
+    tool = cuobjdump()
+    candidate = Path(tool).with_name("nvdisasm") if tool else None
+    if candidate is not None and candidate.is_file():
+        candidate.chmod(candidate.stat().st_mode | 0o111)
+        return str(candidate)
+    return None
+
+
+def dump_sass(library: Path) -> str:
+    """The SASS of every cubin in `library` (cuobjdump --dump-sass, with nvdisasm found for it)."""
+    tool, disasm = cuobjdump(), nvdisasm()
+    if tool is None or disasm is None:
+        raise FileNotFoundError("printing SASS needs cuobjdump and nvdisasm (the CUDA toolkit, or "
+                                "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    return subprocess.run([tool, "--dump-sass", str(library)], capture_output=True, text=True,
+                          check=True, env={**os.environ, "NVDISASM_PATH": str(Path(disasm).parent)}).stdout
 
 
 def sass_problems(library: Path, archs: list[str]) -> list[str]:

@@ -5,7 +5,7 @@ the standard library only, byte for byte reproducible (sorted entries, fixed tim
     kiln_precompiled_<toolchain>/manifest.json
     kiln_precompiled_<toolchain>/<module>/<library>
     kiln_kernels_precompiled_<toolchain>-<version>.dist-info/
-        METADATA   Version = the kiln version (version.txt, R7.15); Requires-Dist kiln-kernels==it
+        METADATA   Version = the kiln version (version.txt); Requires-Dist kiln-kernels==it
         WHEEL      tagged for this interpreter and platform (the modules are CPython extensions)
         entry_points.txt   [kiln.precompiled] <toolchain> = kiln_precompiled_<toolchain>
         RECORD

@@ -7,7 +7,7 @@
 #
 # Set-up is idempotent: a virtual environment in .venv (KILN_VENV) with an editable install of
 # kiln. A torch that is already installed for python3 is reused (the venv sees the system
-# site-packages) so its CUDA build stays as it is (R1.1); otherwise torch==2.13.0 is installed
+# site-packages) so its CUDA build stays as it is; otherwise torch==2.13.0 is installed
 # (KILN_TORCH_SPEC overrides; on this project's CPU machines that release lies on disk).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +31,7 @@ setup() {
     echo "kiln: installing $TORCH_SPEC"
     "$vpy" -m pip install -q "$TORCH_SPEC"
   fi
-  # --no-build-isolation: build with the environment's setuptools and never pull another torch (R1.2).
+  # --no-build-isolation: build with the environment's setuptools and never pull another torch.
   "$vpy" -m pip install -q --no-build-isolation -e ".[test]"
 }
 

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The release path end to end (issue 7), as CI runs it after the test suite (.ci/run):
+# The release path end to end, as CI runs it after the test suite (.ci/run):
 #   1. build the host precompiled package of //ops:norm (python -m release build) and kiln's own
 #      wheel, and check the package (python -m release verify);
 #   2. install both into a fresh virtual environment: no editable install, no repository on the path;
 #   3. run the norm tests there with KILN_DISABLE_JIT=1 and no C++ compiler (CXX points nowhere), so
-#      every module must come from the package, and check nothing was compiled.
+#      every module must come from the package, and check nothing was compiled;
+#   4. from a directory outside the checkout, the build graph's CLI of the wheel install
+#      (kiln-build and python -m kiln.codegen) answers, and kiln.utils sees the precompiled
+#      modules as the backend that can run (no compiler there).
 # The CUDA package for "8.0 9.0a" is cross-compiled in the test suite itself
 # (tests/release/test_release_build.py, marked slow).
 #
@@ -49,4 +52,17 @@ if [ -e "$WORK/test-ws/artifacts" ] || [ -e "$WORK/test-ws/generated" ]; then
   echo "release check: the norm tests compiled something; the precompiled package did not serve" >&2
   exit 1
 fi
-echo "release check: passed (every norm module came from the precompiled package)"
+
+echo "== 4. the wheel's CLI from outside the checkout, and backend_available without a compiler"
+(
+  cd "$WORK"
+  "$WORK/venv/bin/kiln-build" query //ops/... | grep "^//ops/attention:prefill" >/dev/null
+  "$VPY" -m kiln.codegen query //ops:attention | grep "^//ops/attention:cascade" >/dev/null
+  CXX=/nonexistent/c++ KILN_NVCC=/nonexistent/nvcc "$VPY" - <<'PY'
+from kiln import utils
+assert utils.backend_available("//ops:norm", "host"), "the precompiled norm modules are not seen"
+assert utils.backend_available("//ops:norm", "host", dtype="bf16")
+assert not utils.backend_available("//ops/attention:decode", "host"), "no compiler, no package: unavailable"
+PY
+)
+echo "release check: passed (every norm module came from the precompiled package; the wheel's CLI works from anywhere)"

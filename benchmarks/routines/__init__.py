@@ -1,30 +1,27 @@
-"""Every benchmark routine, registered here and nowhere else. Adding an op to the harness is
-adding its Routine (and its API's trace template), never a new script."""
+"""Every benchmark routine: each module of this package (one per op family) lists its Routines in
+a module-level ROUTINES tuple, collected here in module-name order. Adding an op to the harness is
+adding its Routine (and its API's trace template), never a new script and no edit here."""
 
 from __future__ import annotations
 
-from ..routine import Routine
-from . import attention, norm
+import importlib
+import pkgutil
 
-ROUTINES: dict[str, Routine] = {
-    r.name: r
-    for r in (
-        norm.RMSNORM,
-        norm.FUSED_ADD_RMSNORM,
-        norm.GEMMA_RMSNORM,
-        norm.GEMMA_FUSED_ADD_RMSNORM,
-        attention.BATCH_DECODE,
-        attention.SINGLE_DECODE,
-        attention.MERGE_STATE,
-        attention.MERGE_STATE_IN_PLACE,
-        attention.MERGE_STATES,
-        attention.APPEND_PAGED_KV_CACHE,
-        attention.GET_BATCH_INDICES_POSITIONS,
-        attention.BATCH_PREFILL,
-        attention.BATCH_PREFILL_RAGGED,
-        attention.SINGLE_PREFILL,
-    )
-}
+from ..routine import Routine
+
+
+def _collect() -> dict[str, Routine]:
+    found: dict[str, Routine] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for r in getattr(module, "ROUTINES", ()):
+            if r.name in found:
+                raise ValueError(f"two routines are named {r.name!r} ({info.name} and an earlier module)")
+            found[r.name] = r
+    return found
+
+
+ROUTINES: dict[str, Routine] = _collect()
 
 
 def routine(name: str) -> Routine:

@@ -11,12 +11,12 @@ the same paged cache. Bytes counted: K and V of every request once, plus q and o
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 import torch.nn.functional as F
 
 import kiln
+from kiln.trace import attention as attention_traces
 from kiln.trace import torch_dtype
 
 from ..routine import Backend, Routine, cuda_only
@@ -170,14 +170,11 @@ SINGLE_DECODE = Routine(
 # --- merges --------------------------------------------------------------------------------------
 
 
-def torch_merge(v_a, s_a, v_b, s_b):
-    """The merge in plain torch (what a user writes without a kernel), in float32."""
-    s = torch.logaddexp(s_a * math.log(2), s_b * math.log(2))
-    v = (
-        torch.exp(s_a * math.log(2) - s)[..., None] * v_a.float()
-        + torch.exp(s_b * math.log(2) - s)[..., None] * v_b.float()
-    )
-    return v.to(v_a.dtype), s / math.log(2)
+def torch_merge(v, s):
+    """The merge in plain torch, what a user writes without a kernel: the reference's own math
+    (kiln.trace.attention.merge_float) in float32, rounded to the states' dtype."""
+    merged, lse = attention_traces.merge_float(v, s, compute=torch.float32)
+    return merged.to(v.dtype), lse
 
 
 def kiln_merge_state(inp, ctx):
@@ -186,8 +183,8 @@ def kiln_merge_state(inp, ctx):
 
 
 def torch_merge_state(inp, ctx):
-    args = (inp["v_a"], inp["s_a"], inp["v_b"], inp["s_b"])
-    return lambda: torch_merge(*args)
+    v_a, s_a, v_b, s_b = inp["v_a"], inp["s_a"], inp["v_b"], inp["s_b"]
+    return lambda: torch_merge(torch.stack([v_a, v_b], 1), torch.stack([s_a, s_b], 1))
 
 
 def flashinfer_merge_state(inp, ctx):
@@ -224,13 +221,7 @@ def kiln_merge_states(inp, ctx):
 
 def torch_merge_states(inp, ctx):
     v, s = inp["v"], inp["s"]
-
-    def run():
-        w = torch.softmax(s * math.log(2), dim=1)
-        lse = torch.logsumexp(s * math.log(2), dim=1) / math.log(2)
-        return torch.einsum("nsh,nshd->nhd", w, v.float()).to(v.dtype), lse
-
-    return run
+    return lambda: torch_merge(v, s)
 
 
 def flashinfer_merge_states(inp, ctx):
@@ -315,16 +306,13 @@ def kiln_append(inp, ctx):
 
 
 def torch_append(inp, ctx):
+    """torch indexing, the reference's own (kiln.trace.attention.append_into)."""
     cache = inp["paged_kv_cache"]
-    page_size = cache.shape[2]
-    pos = inp["positions"].long()
-    page = inp["kv_indices"].long()[inp["kv_indptr"].long()[inp["batch_indices"].long()] + pos // page_size]
-    slot = pos % page_size
-    key, value = inp["append_key"], inp["append_value"]
+    args = [inp[n] for n in ("append_key", "append_value", "batch_indices", "positions", "kv_indices",
+                             "kv_indptr")]
 
     def run():
-        cache[page, 0, slot] = key
-        cache[page, 1, slot] = value
+        attention_traces.append_into(cache, *args)
         return cache
 
     return run
@@ -566,3 +554,7 @@ SINGLE_PREFILL = Routine(
     flops_per_call=prefill_flops,
     max_sets=4,
 )
+
+ROUTINES = (BATCH_DECODE, SINGLE_DECODE, MERGE_STATE, MERGE_STATE_IN_PLACE, MERGE_STATES,
+            APPEND_PAGED_KV_CACHE, GET_BATCH_INDICES_POSITIONS, BATCH_PREFILL, BATCH_PREFILL_RAGGED,
+            SINGLE_PREFILL)

@@ -166,3 +166,5 @@ GEMMA_FUSED_ADD_RMSNORM = Routine(
                        flashinfer_fused("gemma_fused_add_rmsnorm")),
     flops_per_call=norm_flops(True),
 )
+
+ROUTINES = (RMSNORM, FUSED_ADD_RMSNORM, GEMMA_RMSNORM, GEMMA_FUSED_ADD_RMSNORM)

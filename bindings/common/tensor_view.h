@@ -1,4 +1,4 @@
-// Typed tensor views for launchers, built from DLPack (R8.1): any object with __dlpack__, or a
+// Typed tensor views for launchers, built from DLPack: any object with __dlpack__, or a
 // DLPack capsule, can be passed to a kiln binding. A view borrows the producer's memory for the
 // duration of the call; the capsule is not consumed, so its owner keeps (and frees) the tensor.
 //

@@ -1,16 +1,58 @@
-# //ops:attention -- paged decode attention (single and batch, split-KV), attention-state merges,
-# and appending to a paged KV cache. One module per dtype x head_dim x soft-cap and toolchain:
-# attention_dtype_bf16_head_dim_128_soft_cap_false_cuda, ...
+# //ops/attention -- attention over paged KV caches, one target per op; //ops:attention builds
+# them all. Modules: attention_decode_dtype_bf16_head_dim_128_soft_cap_false_cuda, ...
+# Each target compiles only its own kernels: the wgmma/TMA (sm90a) code is in :prefill alone.
+HEADS = {"dtype": ["f16", "bf16"], "head_dim": [64, 128, 256]}
+GPUS = ["sm80", "sm90", "sm100", "sm120"]
+
 op_library(
-    name="attention",
-    doc="paged decode attention (split-KV), merge_state(s), append_paged_kv_cache",
-    srcs=["attention_cuda.cu"],
-    host_srcs=["attention_host.cc"],
-    binding="bindings/attention.cc",
-    dispatch={
-        "dtype": ["f16", "bf16"],
-        "head_dim": [64, 128, 256],
-        "soft_cap": [False, True],
-    },
+    name="decode",
+    doc="paged decode attention (split-KV and its merge): BatchDecodeWithPagedKVCacheWrapper, "
+        "single_decode_with_kv_cache",
+    srcs=["decode_cuda.cu"],
+    host_srcs=["decode_host.cc"],
+    binding="bindings/attention/decode.cc",
+    dispatch={**HEADS, "soft_cap": [False, True]},
+    archs=GPUS,
+    release="all",
+)
+
+op_library(
+    name="prefill",
+    doc="prefill attention, an mma.sync kernel (sm80+) and a wgmma + TMA kernel (sm90a): "
+        "single_prefill_with_kv_cache, BatchPrefillWith{Paged,Ragged}KVCacheWrapper",
+    srcs=["prefill_cuda.cu"],
+    host_srcs=["prefill_host.cc"],
+    binding="bindings/attention/prefill.cc",
+    dispatch={**HEADS, "soft_cap": [False, True]},
+    # sm90a: on a 9.0 GPU this target is built as 9.0a (its wgmma kernel); the rest as declared.
     archs=["sm80", "sm90a", "sm100", "sm120"],
+    release="all",
+)
+
+op_library(
+    name="cascade",
+    doc="merging attention states: merge_state, merge_state_in_place, merge_states",
+    srcs=["cascade_cuda.cu"],
+    host_srcs=["cascade_host.cc"],
+    binding="bindings/attention/cascade.cc",
+    dispatch=HEADS,
+    archs=GPUS,
+    release="all",
+)
+
+op_library(
+    name="page",
+    doc="writing new tokens into a paged KV cache: append_paged_kv_cache",
+    srcs=["page_cuda.cu"],
+    host_srcs=["page_host.cc"],
+    binding="bindings/attention/page.cc",
+    dispatch=HEADS,
+    archs=GPUS,
+    release="all",
+)
+
+op_group(
+    name="attention",
+    doc="every attention op: decode, prefill, cascade, page",
+    targets=[":decode", ":prefill", ":cascade", ":page"],
 )

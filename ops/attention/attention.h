@@ -33,6 +33,18 @@ struct PagedKV {
   int64_t page_size;
 };
 
+// Decode runs one CTA per (work item, kv head, chunk of the GQA group): the chunk is the largest
+// divisor of the group size that fits the MMA's 16 rows. The binding exports this table, so the
+// Python schedule counts CTAs with the kernel's own numbers.
+constexpr int kMaxHeadsPerCta = 16;  // the MMA's M
+
+inline int heads_per_cta(int64_t group_size) {
+  for (int h = kMaxHeadsPerCta; h > 1; --h) {
+    if (group_size % h == 0) return h;
+  }
+  return 1;
+}
+
 struct DecodeParams {
   const void* q;  // [batch, num_qo_heads, head_dim]
   int64_t q_stride_b, q_stride_h;

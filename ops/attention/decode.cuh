@@ -32,8 +32,7 @@ namespace kiln::attention {
 
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = 32 * kDecodeWarps;
-constexpr int kDecodeTile = 16;      // tokens per warp per pipeline stage (one MMA k-step of P V)
-constexpr int kMaxHeadsPerCta = 16;  // the MMA's M
+constexpr int kDecodeTile = 16;  // tokens per warp per pipeline stage (one MMA k-step of P V)
 
 template <typename T, int HEAD_DIM>
 struct DecodeShape {
@@ -260,15 +259,6 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_paged_kernel(const Deco
       if (col == 0) p.partial_lse[int64_t(out_index) * p.num_qo_heads + head] = merged_lse(m_all, l_all);
     }
   }
-}
-
-// Query heads per CTA: the largest divisor of the GQA group size that fits the MMA's 16 rows
-// (one table, shared with the Python schedule).
-inline int heads_per_cta(int64_t group_size) {
-  for (int h = kMaxHeadsPerCta; h > 1; --h) {
-    if (group_size % h == 0) return h;
-  }
-  return 1;
 }
 
 template <typename T, int HEAD_DIM, bool SOFTCAP>

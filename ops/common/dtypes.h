@@ -6,7 +6,7 @@
 //
 // Convert<T>::to_float / from_float convert with round-to-nearest-even, the rounding torch uses,
 // so the CPU backend produces the same bits as a float32 computation rounded by torch. Framework
-// free: no torch, no pybind11, no DLPack here (R3.1-2).
+// free: no torch, no pybind11, no DLPack here.
 #pragma once
 
 #include <cstdint>

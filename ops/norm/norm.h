@@ -8,7 +8,7 @@
 // Layout: every row tensor is viewed as [d0, d1, cols] (a 2-D tensor has d0 = 1), the last
 // dimension contiguous, the two leading strides arbitrary (element units, int64). The weight is
 // [cols], contiguous. Accumulation is float32. The element type is the module's specialisation
-// (kiln::spec::dtype); a module serves one dtype. Framework free (R3.1).
+// (kiln::spec::dtype); a module serves one dtype. Framework free.
 #pragma once
 
 #include <cstdint>

@@ -38,7 +38,7 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(f"kiln.{module}"), name)
         globals()[name] = value  # later lookups are plain attribute reads
         return value
-    if name in _SUBMODULES:
+    if name in _SUBMODULES or name in _API:  # kiln.decode.BatchDecode..., as FlashInfer's users write
         return importlib.import_module(f"kiln.{name}")
     if name == "__version__":  # version.txt, read on first access
         from kiln.runtime.sources import kiln_version

@@ -1,5 +1,5 @@
-"""Shared pieces of the attention APIs: choosing the //ops:attention module, reading paged KV
-caches, and kv_layout names."""
+"""Shared pieces of the attention APIs (//ops/attention, one target per op): the targets'
+labels, paged KV caches, kv_layout names and the prefill kernel choice."""
 
 from __future__ import annotations
 
@@ -9,27 +9,19 @@ import torch
 
 from kiln.runtime import env
 
-from . import _dtypes, _jit, utils
+from . import utils
 
-LABEL = "//ops:attention"
-LAYOUTS = {"NHD": 0, "HND": 1}
-
-
-def layout_code(kv_layout: str, api: str) -> int:
-    try:
-        return LAYOUTS[kv_layout]
-    except KeyError:
-        raise ValueError(f"{api}: kv_layout must be 'NHD' or 'HND', got {kv_layout!r}") from None
+DECODE = "//ops/attention:decode"
+PREFILL = "//ops/attention:prefill"
+CASCADE = "//ops/attention:cascade"
+PAGE = "//ops/attention:page"
+LAYOUTS = ("NHD", "HND")  # the bindings take these names
 
 
-def module(dtype: torch.dtype, head_dim: int, soft_cap: bool, device: torch.device, api: str):
-    """The attention module for (dtype, head_dim, soft-cap) on `device`, or a clear error."""
-    name = _dtypes.short_name(dtype, api, _jit.axis_values(LABEL, "dtype"))
-    head_dims = _jit.axis_values(LABEL, "head_dim")
-    if str(head_dim) not in head_dims:
-        raise ValueError(f"{api}: head_dim {head_dim} is not supported; supported: {', '.join(head_dims)}")
-    params = (("dtype", name), ("head_dim", str(head_dim)), ("soft_cap", "true" if soft_cap else "false"))
-    return _jit.module_for(LABEL, params, device)
+def check_layout(kv_layout: str, api: str) -> str:
+    if kv_layout not in LAYOUTS:
+        raise ValueError(f"{api}: kv_layout must be 'NHD' or 'HND', got {kv_layout!r}")
+    return kv_layout
 
 
 PREFILL_BACKENDS = ("auto", "fa2", "fa3")
@@ -40,8 +32,8 @@ def _is_sm90(device: torch.device) -> bool:
     return device.type == "cuda" and utils.compute_capability(device) == (9, 0)
 
 
-def prefill_kernel(backend: str, device: torch.device, api: str) -> int:
-    """PrefillParams::kernel for FlashInfer's backend names: "fa2" the mma.sync kernel (every
+def prefill_kernel(backend: str, device: torch.device, api: str) -> str:
+    """The prefill binding's kernel for FlashInfer's backend names: "fa2" the mma.sync kernel (every
     family), "fa3" the sm90a kernel (wgmma + TMA, compute capability 9.0 only; its module is always
     built as 9.0a: BUILD.py declares sm90a), "auto" the faster of the two where measured: fa3 on
     compute capability 9.0 (on the H200 causal 8192: 1.7x fa2; every shape of
@@ -55,15 +47,14 @@ def prefill_kernel(backend: str, device: torch.device, api: str) -> int:
             what = f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
         else:
             what = "the CPU (host backend)"
-        families = ", ".join(str(f) for f in utils.target_arch_families(LABEL))
+        families = ", ".join(str(f) for f in utils.target_arch_families(PREFILL))
         raise ValueError(
             f"{api}: backend='fa3' needs a compute capability 9.0 GPU (family sm90a: H100, H200), "
-            f"but {device} is {what}; //ops:attention families: {families}; use backend='fa2' or "
-            "'auto'"
+            f"but {device} is {what}; {PREFILL} families: {families}; use backend='fa2' or 'auto'"
         )
     if backend == "fa3" or (backend == "auto" and _is_sm90(device)):
-        return 2 if env.get("KILN_PREFILL_FA3_STRICT") else 1  # 2: an error instead of a fallback
-    return 0
+        return "fa3_strict" if env.get("KILN_PREFILL_FA3_STRICT") else "fa3"  # strict: no fallback
+    return "fa2"
 
 
 def indptr_lengths(indptr: torch.Tensor, name: str, api: str) -> tuple[torch.Tensor, torch.Tensor]:

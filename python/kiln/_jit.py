@@ -1,9 +1,14 @@
 """Getting the compiled module for an op on a device: the torch-facing side of the JIT.
 
-module_for(label, params, device) picks the backend from the device (CUDA -> the cuda toolchain,
-CPU -> the host toolchain), checks the device's arch against the target's families, and loads the
-module through kiln.runtime.jit (in-process, precompiled, disk cache, else compile). Results are
-cached per (label, params, device) so the per-call cost is a dict lookup.
+    module(label, device, api, dtype=torch.bfloat16, head_dim=128, soft_cap=False)
+
+takes the target's dispatch axes as keywords with Python values (a torch dtype, an int, a bool),
+checks each against the axis's values in the BUILD file (an error names the API, the axis, the
+value and what is supported), and returns the loaded module. module_for(label, params, device) is
+the same from axis strings. The backend follows the device (CUDA -> the cuda toolchain, CPU -> the
+host toolchain); the device's arch is checked against the target's families; the module is loaded
+through kiln.runtime.jit (in-process, precompiled, disk cache, else compile). Both are cached, so
+the per-call cost is a dict lookup.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ from kiln.codegen.specs import module_spec
 from kiln.runtime import jit
 from kiln.runtime.arch import Arch, ArchContext, ArchError, format_arch_list
 
-from . import utils
+from . import _dtypes, utils
 
 _cache: dict[tuple, object] = {}
+_by_value: dict[tuple, object] = {}
 _lock = threading.Lock()
 # Set by API logging when diagnostics are on (kiln/diagnostics/call.py), so a logged call can
 # record which module it used before the kernel runs; None otherwise (one global read per call).
@@ -40,7 +46,7 @@ def axis_values(label: str, axis: str) -> tuple[str, ...]:
     return load_graph().target(label).axes[axis]
 
 
-def _arch_context(label: str, device: torch.device) -> ArchContext:
+def arch_context(label: str, device: torch.device) -> ArchContext:
     """The arch context for a module used on `device`: the requested list must cover it."""
     ctx = ArchContext.current()
     dev_arch = Arch(*utils.compute_capability(device))
@@ -54,6 +60,52 @@ def _arch_context(label: str, device: torch.device) -> ArchContext:
             f"{dev_arch.cc} to KILN_CUDA_ARCH_LIST or unset it"
         )
     return ctx
+
+
+def axis_value(value) -> str:
+    """The BUILD-file spelling of a dispatch value: bf16 for torch.bfloat16, true, 128."""
+    if isinstance(value, torch.dtype):
+        return _dtypes.SHORT_NAME.get(value, str(value).removeprefix("torch."))
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value).lower()
+
+
+def _shown(axis: str, value: str) -> str:
+    return str(_dtypes.TORCH_DTYPE[value]).removeprefix("torch.") if axis == "dtype" else value
+
+
+def axis_params(label: str, api: str, axes: dict, names: dict | None = None) -> tuple[tuple[str, str], ...]:
+    """The (axis, value) pairs of `label` for Python values, in the target's axis order; a TypeError
+    (dtype) or ValueError naming the API, the argument (`names[axis]`, else the axis), the value
+    and the supported values otherwise."""
+    declared = load_graph().target(label).axes
+    if set(axes) != set(declared):
+        raise TypeError(f"{api}: {label} dispatches on {', '.join(declared) or 'nothing'}, "
+                        f"not {', '.join(axes) or 'nothing'}")  # a kiln bug, not a user error
+    out = []
+    for axis, allowed in declared.items():
+        value = axis_value(axes[axis])
+        if value not in allowed:
+            supported = ", ".join(_shown(axis, v) for v in allowed)
+            got = str(axes[axis]).removeprefix("torch.")
+            error = TypeError if axis == "dtype" else ValueError
+            raise error(f"{api}: {(names or {}).get(axis, axis)} {got} is not supported; supported"
+                        f"{' dtypes' if axis == 'dtype' else ''}: {supported}")
+        out.append((axis, value))
+    return tuple(out)
+
+
+def module(label: str, device: torch.device, api: str, *, names: dict | None = None, **axes):
+    """The module of `label` for these dispatch values (Python values) on `device`; `names` says how
+    an error names the argument an axis value came from ({"dtype": "input.dtype"})."""
+    key = (label, device, *axes.items())
+    found = _by_value.get(key)
+    if found is None:
+        found = _by_value[key] = module_for(label, axis_params(label, api, axes, names), device)
+    elif module_observer is not None:
+        module_observer(label, None, device, found)
+    return found
 
 
 def module_for(label: str, params: tuple[tuple[str, str], ...], device: torch.device):
@@ -72,7 +124,7 @@ def _load(label: str, params: tuple[tuple[str, str], ...], device: torch.device)
             spec = module_spec(label, dict(params), backend)
             if backend == "cuda":
                 utils.require_arch_supported(label, device)
-                module = jit.load(spec, _arch_context(label, device))
+                module = jit.load(spec, arch_context(label, device))
             else:
                 module = jit.load(spec)
             _cache[key] = module

@@ -1,5 +1,5 @@
 """API logging: one decorator, `logged_api`, on every public kiln API and on the executing method
-(`run`) of every plan/run wrapper, so no API is forgotten (R6, R3.15).
+(`run`) of every plan/run wrapper, so no API is forgotten.
 
     @logged_api                                   # named from __qualname__: "kiln.rmsnorm"
     def rmsnorm(input, weight, eps=1e-6, out=None): ...
@@ -16,7 +16,7 @@ as outputs after the call, beside the return value.
 
 What the decorator does is decided once, when it runs, i.e. when kiln is imported: with
 KILN_LOGLEVEL=0, no KILN_DUMP and no KILN_FORCE_BACKEND (the defaults) it returns the function
-itself: no wrapper, no per-call cost (R6.2). Otherwise it returns the wrapper of
+itself: no wrapper, no per-call cost. Otherwise it returns the wrapper of
 kiln/diagnostics/call.py. Setting these variables later in a running process has no effect.
 
 Every decorated API is registered by name whatever the settings: `python -m kiln replay` finds

@@ -37,6 +37,7 @@ from kiln.runtime import env
 
 from . import _attention, _jit
 from ._decode_schedule import schedule
+from ._ops import custom_op
 from .api_logging import logged_api
 from .trace import attention as attention_traces
 from .trace import traced
@@ -50,8 +51,9 @@ HOST_SLOTS = 16  # the CPU backend's nominal width: small batches still exercise
 
 @dataclass(eq=False)
 class _Plan:
-    """What plan() decided, kept for run(): shapes to check, the module, and DLPack capsules of
-    every device buffer the plan owns."""
+    """What plan() decided, kept for run(): shapes to check, the module, and the launcher's
+    arguments the plan owns: as DLPack capsules for the eager call (`fixed`), as tensors in the
+    custom op's order for a compiled graph (`tensors`)."""
 
     batch: int
     num_qo_heads: int
@@ -69,9 +71,8 @@ class _Plan:
     num_items: int
     slots: int
     module: object
-    fixed: tuple
-    partials: tuple
-    keep: tuple  # the tensors behind the capsules
+    fixed: dict
+    tensors: tuple
     checked: tuple | None = None
 
 
@@ -102,13 +103,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
             use_tensor_cores, backend, jit_args: accepted for FlashInfer compatibility; kiln has
                 one decode kernel (CUDA cores, 16-byte loads, cp.async pipeline) and ignores them.
         """
-        _attention.layout_code(kv_layout, API)
+        _attention.check_layout(kv_layout, API)
         if not isinstance(float_workspace_buffer, torch.Tensor):
             raise TypeError(f"{API}: float_workspace_buffer must be a tensor")
         self._workspace = float_workspace_buffer.view(-1).view(torch.uint8)
         self._device = float_workspace_buffer.device
         self._kv_layout = kv_layout
-        self._layout = _attention.LAYOUTS[kv_layout]
         self._use_cuda_graph = use_cuda_graph
         self._plan = None
         self._copy_done = None
@@ -169,14 +169,15 @@ class BatchDecodeWithPagedKVCacheWrapper:
                              "(mixed-precision caches are not supported yet)")
         # Resolve (and, the first time, compile) the module now: an unsupported dtype or head_dim
         # fails at plan, and run() has nothing left to look up.
-        module = _attention.module(q_dtype, head_dim, logits_soft_cap is not None, self._device,
-                                   API + ".plan")
+        module = _jit.module(_attention.DECODE, self._device, API + ".plan", dtype=q_dtype,
+                             head_dim=head_dim, soft_cap=logits_soft_cap is not None)
 
         indptr_h, kv_len = _attention.paged_kv_lengths(indptr, last_page_len, page_size, indices.numel(),
                                                        API + ".plan")
         batch = kv_len.numel()
         begin = (kv_len - 1 - window_left).clamp(min=0) if window_left >= 0 else torch.zeros_like(kv_len)
-        units = num_kv_heads * (num_qo_heads // num_kv_heads // _heads_per_cta(num_qo_heads // num_kv_heads))
+        group = num_qo_heads // num_kv_heads
+        units = num_kv_heads * (group // module.heads_per_cta(group))  # CTAs per work item
         sched = schedule(begin, kv_len, units, _slots(self._device))
 
         if self._use_cuda_graph:
@@ -213,16 +214,21 @@ class BatchDecodeWithPagedKVCacheWrapper:
         partial_out, partial_lse = fws[: slots * h * d].view(slots, h, d), fws[slots * h * d:].view(slots, h)
         # Everything run() passes that the plan owns is converted to DLPack once, here: the binding
         # borrows capsules without consuming them, so run() only converts q, the caches and out.
-        fixed = tuple(_jit.dl(t) for t in (indptr_d, indices_d, work["request"], work["begin"], work["end"],
-                                           work["out_index"], work["merge_request"], work["merge_indptr"]))
+        sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
+        soft_cap = logits_soft_cap if logits_soft_cap is not None else 0.0
+        owned = dict(page_indptr=indptr_d, page_indices=indices_d, work_request=work["request"],
+                     work_token_begin=work["begin"], work_token_end=work["end"],
+                     work_out_index=work["out_index"], merge_request=work["merge_request"],
+                     merge_indptr=work["merge_indptr"])
+        fixed = {k: _jit.dl(t) for k, t in owned.items()}
+        fixed.update(kv_layout=self._kv_layout, partial_out=_jit.dl(partial_out),
+                     partial_lse=_jit.dl(partial_lse), sm_scale=sm_scale, soft_cap=soft_cap)
         self._plan = _Plan(
             batch=batch, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
             page_size=page_size, window_left=window_left, soft_cap=logits_soft_cap, q_dtype=q_dtype,
-            kv_dtype=kv_dtype, sm_scale=sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim),
-            indices=indices_d, nnz_pages=int(indptr_h[-1]), chunk=sched.chunk,
-            num_items=sched.request.numel(),
-            slots=slots, module=module, fixed=fixed, partials=(_jit.dl(partial_out), _jit.dl(partial_lse)),
-            keep=(indptr_d, indices_d, work, partial_out, partial_lse),
+            kv_dtype=kv_dtype, sm_scale=sm_scale, indices=indices_d, nnz_pages=int(indptr_h[-1]),
+            chunk=sched.chunk, num_items=sched.request.numel(), slots=slots, module=module, fixed=fixed,
+            tensors=(*owned.values(), partial_out, partial_lse),
         )
 
     def _upload_work(self, sched, work_cap: int, merge_cap: int, non_blocking: bool) -> dict:
@@ -290,12 +296,15 @@ class BatchDecodeWithPagedKVCacheWrapper:
             out = torch.empty_like(q)
         if return_lse and lse is None:
             lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+        if torch.compiler.is_compiling():
+            _decode_op.op(q, k_cache, v_cache, self._kv_layout, *p.tensors, out, lse, p.fixed["sm_scale"],
+                          p.fixed["soft_cap"])
+            return (out, lse) if return_lse else out
         if _jit.module_observer is not None:  # API logging: the module the plan chose
-            _jit.module_observer(_attention.LABEL, None, q.device, p.module)
+            _jit.module_observer(_attention.DECODE, None, q.device, p.module)
         to_dl = _jit.dl
-        p.module.decode(to_dl(q), to_dl(k_cache), to_dl(v_cache), self._layout, *p.fixed, to_dl(out),
-                        None if lse is None else to_dl(lse), *p.partials, p.sm_scale,
-                        p.soft_cap if p.soft_cap is not None else 0.0, _jit.stream_of(q.device))
+        p.module.decode(q=to_dl(q), k_cache=to_dl(k_cache), v_cache=to_dl(v_cache), out=to_dl(out),
+                        lse=None if lse is None else to_dl(lse), stream=_jit.stream_of(q.device), **p.fixed)
         return (out, lse) if return_lse else out
 
     def _check_run(self, p: _Plan, q: torch.Tensor, k_cache: torch.Tensor) -> None:
@@ -311,10 +320,25 @@ class BatchDecodeWithPagedKVCacheWrapper:
     forward = run  # FlashInfer's older name
 
 
-def _heads_per_cta(group_size: int) -> int:
-    """The kernel's table (ops/attention/decode.cuh, heads_per_cta): the largest divisor of the GQA
-    group size that fits the MMA's 16 rows."""
-    return next(h for h in range(16, 0, -1) if group_size % h == 0)
+# The launch as a torch custom op, for compiled graphs: the same binding call, its arguments as
+# tensors (run() calls the binding directly in eager mode, with the plan's prebuilt capsules).
+@custom_op("batch_decode", mutates=("out", "lse", "partial_out", "partial_lse"))
+def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_layout: str,
+               page_indptr: torch.Tensor, page_indices: torch.Tensor, work_request: torch.Tensor,
+               work_token_begin: torch.Tensor, work_token_end: torch.Tensor, work_out_index: torch.Tensor,
+               merge_request: torch.Tensor, merge_indptr: torch.Tensor, partial_out: torch.Tensor,
+               partial_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None, sm_scale: float,
+               soft_cap: float) -> None:
+    module = _jit.module(_attention.DECODE, q.device, API + ".run", dtype=q.dtype, head_dim=q.shape[-1],
+                         soft_cap=soft_cap > 0)
+    dl = _jit.dl
+    module.decode(q=dl(q), k_cache=dl(k_cache), v_cache=dl(v_cache), kv_layout=kv_layout,
+                  page_indptr=dl(page_indptr), page_indices=dl(page_indices), work_request=dl(work_request),
+                  work_token_begin=dl(work_token_begin), work_token_end=dl(work_token_end),
+                  work_out_index=dl(work_out_index), merge_request=dl(merge_request),
+                  merge_indptr=dl(merge_indptr), out=dl(out), lse=None if lse is None else dl(lse),
+                  partial_out=dl(partial_out), partial_lse=dl(partial_lse), sm_scale=sm_scale,
+                  soft_cap=soft_cap, stream=_jit.stream_of(q.device))
 
 
 _single_workspaces: dict[torch.device, torch.Tensor] = {}
@@ -361,22 +385,41 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     (flash-decoding) exactly as in the batch wrapper. Returns out [num_qo_heads, head_dim] and,
     with return_lse, lse [num_qo_heads] (float32, base 2)."""
     api = "single_decode_with_kv_cache"
-    _attention.layout_code(kv_layout, api)
+    _attention.check_layout(kv_layout, api)
     if q.dim() != 2 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"{api}: q must be [num_qo_heads, head_dim] and k, v 3-D; got q {list(q.shape)}, "
                          f"k {list(k.shape)}, v {list(v.shape)}")
     if k.shape != v.shape:
         raise ValueError(f"{api}: k.shape {list(k.shape)} must equal v.shape {list(v.shape)}")
+    scales = {"q_scale": q_scale, "k_scale": k_scale, "v_scale": v_scale}
+    if given := [name for name, value in scales.items() if value is not None]:
+        raise ValueError(f"{api}: {', '.join(given)} (fp8 caches) are not supported")
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:1], dtype=torch.float32, device=q.device) if return_lse else None
+    # Planning is host work on shapes; in a compiled graph the whole call is one custom op.
+    run = _single_decode_op.op if torch.compiler.is_compiling() else _single_decode
+    run(q, k, v, out, lse, kv_layout, pos_encoding_mode, window_left, logits_soft_cap, sm_scale)
+    return (out, lse) if return_lse else out
+
+
+@custom_op("single_decode", mutates=("out", "lse"))
+def _single_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                      lse: torch.Tensor | None, kv_layout: str, pos_encoding_mode: str, window_left: int,
+                      logits_soft_cap: float | None, sm_scale: float | None) -> None:
+    _single_decode(q, k, v, out, lse, kv_layout, pos_encoding_mode, window_left, logits_soft_cap, sm_scale)
+
+
+def _single_decode(q, k, v, out, lse, kv_layout, pos_encoding_mode, window_left, logits_soft_cap,
+                   sm_scale) -> None:
     kv_len, kv_heads = (k.shape[0], k.shape[1]) if kv_layout == "NHD" else (k.shape[1], k.shape[0])
-    num_qo_heads, head_dim = q.shape
+    # A plan over at least one token, so an empty cache is checked exactly like any other (an
+    # unsupported dtype or head_dim, a head count that is no multiple, mismatched dtypes).
+    wrapper = _single_decode_wrapper(q, k, kv_layout, max(kv_len, 1), kv_heads, pos_encoding_mode,
+                                     window_left, logits_soft_cap, sm_scale)
     if kv_len == 0:
-        out = torch.zeros_like(q)
-        lse = torch.full((num_qo_heads,), -math.inf, dtype=torch.float32, device=q.device)
-        return (out, lse) if return_lse else out
-    wrapper = _single_decode_wrapper(q, k, kv_layout, kv_len, kv_heads, pos_encoding_mode, window_left,
-                                     logits_soft_cap, sm_scale)
-    result = wrapper.run(q.unsqueeze(0), (k.unsqueeze(0), v.unsqueeze(0)), q_scale=q_scale, k_scale=k_scale,
-                         v_scale=v_scale, return_lse=return_lse)
-    if return_lse:
-        return result[0].squeeze(0), result[1].squeeze(0)
-    return result.squeeze(0)
+        out.zero_()
+        if lse is not None:
+            lse.fill_(-math.inf)
+        return
+    wrapper.run(q.unsqueeze(0), (k.unsqueeze(0), v.unsqueeze(0)), out=out.unsqueeze(0),
+                lse=None if lse is None else lse.unsqueeze(0), return_lse=lse is not None)

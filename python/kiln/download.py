@@ -1,4 +1,4 @@
-"""`python -m kiln download`: prefetch a release's precompiled modules for offline use (R7.1).
+"""`python -m kiln download`: prefetch a release's precompiled modules for offline use.
 
     python -m kiln download --arch-list "8.0 9.0a"          # CUDA modules, into the download cache
     python -m kiln download --toolchain host --dest /mnt/kiln-artifacts

@@ -11,9 +11,9 @@ kernels, CPU tensors the host backend. Statistics are accumulated in float32; th
 round the residual sum to the input dtype before normalising it, exactly as the unfused sequence
 would.
 
-Each function is a torch custom op (kiln::rmsnorm, kiln::fused_add_rmsnorm) with a fake
-implementation, so torch.compile(fullgraph=True) traces it; in eager mode the launcher is called
-directly (no dispatcher overhead). Launches go to the caller's current stream, so CUDA-graph
+Each function is a torch custom op (kiln::rmsnorm, kiln::fused_add_rmsnorm, kiln/_ops.py) with a
+fake implementation, so torch.compile(fullgraph=True) traces it; in eager mode the launcher is
+called directly (no dispatcher overhead). Launches go to the caller's current stream, so CUDA-graph
 capture works once the module has been loaded by an earlier call.
 
 API logging (kiln/api_logging.py) covers both ways in: the public functions in eager mode, and the
@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import torch
 
-from . import _dtypes, _jit
+from . import _jit
+from ._ops import custom_op
 from .api_logging import logged_api
 from .trace import norm as norm_traces
 from .trace import traced
 
 LABEL = "//ops:norm"
+_NAMES = {"dtype": "input.dtype"}  # how a dispatch error names the argument
 
 
 def _check_tensors(api: str, **tensors) -> None:
@@ -38,68 +40,33 @@ def _check_tensors(api: str, **tensors) -> None:
             raise TypeError(f"{api}: {name} must be a torch.Tensor, got {type(t).__name__}")
 
 
-def _module(input: torch.Tensor, api: str):
-    dtype = _dtypes.short_name(input.dtype, api, _jit.axis_values(LABEL, "dtype"))
-    return _jit.module_for(LABEL, (("dtype", dtype),), input.device)
-
-
-def _rmsnorm_impl(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, eps: float,
-                  weight_offset: float) -> None:
-    mod = _module(input, "kiln.rmsnorm")
-    mod.rmsnorm(_jit.dl(out), _jit.dl(input), _jit.dl(weight), eps, weight_offset,
-                _jit.stream_of(input.device))
-
-
-def _fused_add_rmsnorm_impl(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                            eps: float, weight_offset: float) -> None:
-    mod = _module(input, "kiln.fused_add_rmsnorm")
-    mod.fused_add_rmsnorm(_jit.dl(input), _jit.dl(residual), _jit.dl(weight), eps, weight_offset,
-                          _jit.stream_of(input.device))
-
-
-# Custom ops for torch.compile (R8.3). Mutating ops that return nothing: the fake implementation
-# only has to accept the arguments.
-@torch.library.custom_op("kiln::rmsnorm", mutates_args=("out",))
-@logged_api("kiln::rmsnorm", mutates=("out",))
+@custom_op("rmsnorm", mutates=("out",))
 def _rmsnorm_op(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, eps: float,
                 weight_offset: float) -> None:
-    _rmsnorm_impl(out, input, weight, eps, weight_offset)
+    mod = _jit.module(LABEL, input.device, "kiln.rmsnorm", dtype=input.dtype, names=_NAMES)
+    mod.rmsnorm(out=_jit.dl(out), input=_jit.dl(input), weight=_jit.dl(weight), eps=eps,
+                weight_offset=weight_offset, stream=_jit.stream_of(input.device))
 
 
-@_rmsnorm_op.register_fake
-def _(out, input, weight, eps, weight_offset) -> None:
-    return None
-
-
-@torch.library.custom_op("kiln::fused_add_rmsnorm", mutates_args=("input", "residual"))
-@logged_api("kiln::fused_add_rmsnorm", mutates=("input", "residual"))
+@custom_op("fused_add_rmsnorm", mutates=("input", "residual"))
 def _fused_add_rmsnorm_op(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                           eps: float, weight_offset: float) -> None:
-    _fused_add_rmsnorm_impl(input, residual, weight, eps, weight_offset)
-
-
-@_fused_add_rmsnorm_op.register_fake
-def _(input, residual, weight, eps, weight_offset) -> None:
-    return None
+    mod = _jit.module(LABEL, input.device, "kiln.fused_add_rmsnorm", dtype=input.dtype, names=_NAMES)
+    mod.fused_add_rmsnorm(input=_jit.dl(input), residual=_jit.dl(residual), weight=_jit.dl(weight),
+                          eps=eps, weight_offset=weight_offset, stream=_jit.stream_of(input.device))
 
 
 def _rmsnorm(input, weight, eps, out, weight_offset):
     _check_tensors("kiln.rmsnorm", input=input, weight=weight)
     if out is None:
         out = torch.empty_like(input)
-    if torch.compiler.is_compiling():
-        _rmsnorm_op(out, input, weight, eps, weight_offset)
-    else:
-        _rmsnorm_impl(out, input, weight, eps, weight_offset)
+    _rmsnorm_op(out, input, weight, eps, weight_offset)
     return out
 
 
 def _fused_add_rmsnorm(input, residual, weight, eps, weight_offset):
     _check_tensors("kiln.fused_add_rmsnorm", input=input, residual=residual, weight=weight)
-    if torch.compiler.is_compiling():
-        _fused_add_rmsnorm_op(input, residual, weight, eps, weight_offset)
-    else:
-        _fused_add_rmsnorm_impl(input, residual, weight, eps, weight_offset)
+    _fused_add_rmsnorm_op(input, residual, weight, eps, weight_offset)
 
 
 @logged_api(mutates=("out",))

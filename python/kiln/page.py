@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from . import _attention, _jit
+from ._ops import custom_op
 from .api_logging import logged_api
 from .trace import attention as attention_traces
 from .trace import traced
@@ -41,10 +42,26 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor, 
                           kv_layout: str = "NHD") -> None:
     """Write each appended token's key and value into its page slot (in place)."""
     api = "kiln.append_paged_kv_cache"
-    layout = _attention.layout_code(kv_layout, api)
-    k_cache, v_cache = _attention.split_cache(paged_kv_cache, api)
-    mod = _attention.module(append_key.dtype, append_key.shape[-1], False, append_key.device, api)
-    mod.append_paged_kv(_jit.dl(append_key), _jit.dl(append_value), _jit.dl(batch_indices),
-                        _jit.dl(positions),
-                        _jit.dl(k_cache), _jit.dl(v_cache), layout, _jit.dl(kv_indptr), _jit.dl(kv_indices),
-                        _jit.stream_of(append_key.device))
+    _attention.check_layout(kv_layout, api)
+    _attention.split_cache(paged_kv_cache, api)  # checks its form
+    # One [pages, 2, ...] tensor is passed whole (the op writes through both halves of it).
+    k_cache, v_cache = (paged_kv_cache[0], paged_kv_cache[1]) if isinstance(
+        paged_kv_cache, (tuple, list)) else (paged_kv_cache, None)
+    _append_op(append_key, append_value, batch_indices, positions, k_cache, v_cache, kv_indices, kv_indptr,
+               kv_layout)
+
+
+@custom_op("append_paged_kv_cache", mutates=("k_cache", "v_cache"))
+def _append_op(append_key: torch.Tensor, append_value: torch.Tensor, batch_indices: torch.Tensor,
+               positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor | None,
+               kv_indices: torch.Tensor, kv_indptr: torch.Tensor, kv_layout: str) -> None:
+    """v_cache None: k_cache is the [pages, 2, ...] tensor holding both."""
+    if v_cache is None:
+        k_cache, v_cache = k_cache[:, 0], k_cache[:, 1]
+    mod = _jit.module(_attention.PAGE, append_key.device, "kiln.append_paged_kv_cache",
+                      dtype=append_key.dtype, head_dim=append_key.shape[-1])
+    dl = _jit.dl
+    mod.append_paged_kv(append_key=dl(append_key), append_value=dl(append_value),
+                        batch_indices=dl(batch_indices), positions=dl(positions), k_cache=dl(k_cache),
+                        v_cache=dl(v_cache), kv_layout=kv_layout, kv_indptr=dl(kv_indptr),
+                        kv_indices=dl(kv_indices), stream=_jit.stream_of(append_key.device))

@@ -29,22 +29,22 @@ import math
 import torch
 
 from . import _attention, _jit
+from ._ops import custom_op
 from .api_logging import logged_api
 from .trace import attention as attention_traces
 from .trace import traced
 
-QUERIES_PER_ITEM = 128  # ops/attention/attention.h kPrefillQueriesPerItem
 
-
-def schedule(qo_len: torch.Tensor, kv_len: torch.Tensor, causal: bool):
-    """Work items (request, first query) of QUERIES_PER_ITEM queries, the most work first (the
-    keys an item's last query sees), so long causal tiles of skewed batches start first."""
-    tiles = (qo_len + QUERIES_PER_ITEM - 1) // QUERIES_PER_ITEM
+def schedule(qo_len: torch.Tensor, kv_len: torch.Tensor, causal: bool, queries_per_item: int):
+    """Work items (request, first query) of `queries_per_item` queries (the kernels' tile: the
+    module's queries_per_item), the most work first (the keys an item's last query sees), so long
+    causal tiles of skewed batches start first."""
+    tiles = (qo_len + queries_per_item - 1) // queries_per_item
     request = torch.repeat_interleave(torch.arange(qo_len.numel()), tiles)
     first = torch.cumsum(tiles, 0) - tiles
-    q_start = (torch.arange(request.numel()) - first[request]) * QUERIES_PER_ITEM
+    q_start = (torch.arange(request.numel()) - first[request]) * queries_per_item
     if causal:
-        last = torch.minimum(q_start + QUERIES_PER_ITEM, qo_len[request]) - 1
+        last = torch.minimum(q_start + queries_per_item, qo_len[request]) - 1
         work = torch.clamp(
             torch.minimum(kv_len[request], last + kv_len[request] - qo_len[request] + 1), min=0
         )
@@ -72,7 +72,7 @@ class _PrefillPlan:
         device,
         pos_encoding_mode,
         head_dim_vo,
-        kernel=0,
+        kernel="fa2",
         kv_contiguous=False,
     ):
         if pos_encoding_mode != "NONE":
@@ -97,14 +97,15 @@ class _PrefillPlan:
         if kv_dtype != q_dtype:
             raise ValueError(f"{api}.plan: kv_data_type {kv_dtype} must equal q_data_type {q_dtype}")
         soft_cap = logits_soft_cap if logits_soft_cap is not None and logits_soft_cap > 0 else None
-        self.module = _attention.module(q_dtype, head_dim, soft_cap is not None, device, api + ".plan")
+        self.module = _jit.module(_attention.PREFILL, device, api + ".plan", dtype=q_dtype,
+                                  head_dim=head_dim, soft_cap=soft_cap is not None)
         qo_h, qo_len = _attention.indptr_lengths(qo_indptr, "qo_indptr", api + ".plan")
         if kv_len_h.numel() != qo_len.numel():
             raise ValueError(
                 f"{api}.plan: {qo_len.numel()} requests in qo_indptr but {kv_len_h.numel()} in the "
                 "KV page table"
             )
-        request, q_start = schedule(qo_len, kv_len_h, causal)
+        request, q_start = schedule(qo_len, kv_len_h, causal, self.module.queries_per_item)
         self.api, self.device = api, device
         self.total_q, self.num_qo_heads, self.num_kv_heads, self.head_dim = (
             int(qo_h[-1]),
@@ -115,12 +116,16 @@ class _PrefillPlan:
         self.q_dtype, self.causal, self.window_left, self.soft_cap = q_dtype, causal, window_left, soft_cap
         self.sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
         dev = lambda t: t.to(device=device, dtype=torch.int32)  # noqa: E731
-        self.keep = (dev(qo_indptr), dev(kv_len_h), dev(request), dev(q_start))
-        self.fixed = tuple(_jit.dl(t) for t in self.keep)
+        self.tensors = dict(qo_indptr=dev(qo_indptr), kv_len=dev(kv_len_h), work_request=dev(request),
+                            work_q_start=dev(q_start))
         self.num_items = request.numel()
         self.kernel, self.kv_contiguous = kernel, kv_contiguous
+        self.fixed = {k: _jit.dl(t) for k, t in self.tensors.items()}
+        self.fixed.update(sm_scale=self.sm_scale, soft_cap=self.soft_cap or 0.0, causal=causal,
+                          window_left=window_left, kernel=kernel, kv_contiguous=kv_contiguous)
 
-    def run(self, q, k_cache, v_cache, layout, page_tensors, out, lse, return_lse):
+    def run(self, q, k_cache, v_cache, layout, pages, out, lse, return_lse):
+        """`pages`: the page table as tensors (kv_indptr, kv_indices) and as DLPack capsules."""
         if (
             list(q.shape) != [self.total_q, self.num_qo_heads, self.head_dim]
             or q.dtype != self.q_dtype
@@ -135,32 +140,45 @@ class _PrefillPlan:
             out = torch.empty_like(q)
         if return_lse and lse is None:
             lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-        qo_indptr, kv_len, request, q_start = self.fixed
-        indptr, indices = page_tensors
+        (kv_indptr, kv_indices), page_capsules = pages
+        if torch.compiler.is_compiling():
+            t = self.tensors
+            _prefill_op.op(q, k_cache, v_cache, layout, t["qo_indptr"], kv_indptr, kv_indices, t["kv_len"],
+                           t["work_request"], t["work_q_start"], out, lse, self.sm_scale,
+                           self.soft_cap or 0.0, self.causal, self.window_left, self.kernel,
+                           self.kv_contiguous)
+            return (out, lse) if return_lse else out
         if _jit.module_observer is not None:  # API logging: the module the plan chose
-            _jit.module_observer(_attention.LABEL, None, q.device, self.module)
-        self.module.prefill(
-            _jit.dl(q),
-            _jit.dl(k_cache),
-            _jit.dl(v_cache),
-            layout,
-            qo_indptr,
-            indptr,
-            indices,
-            kv_len,
-            request,
-            q_start,
-            _jit.dl(out),
-            None if lse is None else _jit.dl(lse),
-            self.sm_scale,
-            self.soft_cap or 0.0,
-            self.causal,
-            self.window_left,
-            self.kernel,
-            self.kv_contiguous,
-            _jit.stream_of(q.device),
-        )
+            _jit.module_observer(_attention.PREFILL, None, q.device, self.module)
+        dl = _jit.dl
+        self.module.prefill(q=dl(q), k_cache=dl(k_cache), v_cache=dl(v_cache), kv_layout=layout,
+                            out=dl(out), lse=None if lse is None else dl(lse),
+                            stream=_jit.stream_of(q.device), **page_capsules, **self.fixed)
         return (out, lse) if return_lse else out
+
+
+# The launch as a torch custom op, for compiled graphs (run() calls the binding directly in eager
+# mode, with the plan's prebuilt capsules).
+@custom_op("batch_prefill", mutates=("out", "lse"))
+def _prefill_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_layout: str,
+                qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+                kv_len: torch.Tensor, work_request: torch.Tensor, work_q_start: torch.Tensor,
+                out: torch.Tensor, lse: torch.Tensor | None, sm_scale: float, soft_cap: float,
+                causal: bool, window_left: int, kernel: str, kv_contiguous: bool) -> None:
+    module = _jit.module(_attention.PREFILL, q.device, "prefill", dtype=q.dtype, head_dim=q.shape[-1],
+                         soft_cap=soft_cap > 0)
+    dl = _jit.dl
+    module.prefill(q=dl(q), k_cache=dl(k_cache), v_cache=dl(v_cache), kv_layout=kv_layout,
+                   qo_indptr=dl(qo_indptr), kv_indptr=dl(kv_indptr), kv_indices=dl(kv_indices),
+                   kv_len=dl(kv_len), work_request=dl(work_request), work_q_start=dl(work_q_start),
+                   out=dl(out), lse=None if lse is None else dl(lse), sm_scale=sm_scale,
+                   soft_cap=soft_cap, causal=causal, window_left=window_left, kernel=kernel,
+                   kv_contiguous=kv_contiguous, stream=_jit.stream_of(q.device))
+
+
+def _page_table(indptr: torch.Tensor, indices: torch.Tensor):
+    """The page table as run() takes it: tensors (for a compiled graph) and capsules (eager)."""
+    return (indptr, indices), {"kv_indptr": _jit.dl(indptr), "kv_indices": _jit.dl(indices)}
 
 
 class _PrefillWrapper:
@@ -207,8 +225,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
         "auto" (the faster kernel where measured: fa3 on compute capability 9.0, else fa2), "fa2"
         or "fa3" (9.0 only; page sizes that neither divide nor are multiples of its KV tile still
         run fa2). A custom mask is not supported."""
-        self._layout = _attention.layout_code(kv_layout, self.API)
-        self._kv_layout = kv_layout
+        self._kv_layout = _attention.check_layout(kv_layout, self.API)
         self._setup(float_workspace_buffer, custom_mask_buf, backend)
 
     def plan(
@@ -260,11 +277,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
             head_dim_vo,
             self._kernel,
         )
-        self._pages = (
-            paged_kv_indptr.to(self._device, torch.int32),
-            paged_kv_indices.to(self._device, torch.int32),
+        self._pages = _page_table(
+            paged_kv_indptr.to(self._device, torch.int32), paged_kv_indices.to(self._device, torch.int32)
         )
-        self._page_dl = tuple(_jit.dl(t) for t in self._pages)
         self._page_size = page_size
 
     @logged_api(mutates=("out", "lse"))
@@ -297,7 +312,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
                 f"{kv_heads} kv heads, head_dim {head_dim}; planned {self._page_size}, "
                 f"{self._plan.num_kv_heads}, {self._plan.head_dim}"
             )
-        return self._plan.run(q, k_cache, v_cache, self._layout, self._page_dl, out, lse, return_lse)
+        return self._plan.run(q, k_cache, v_cache, self._kv_layout, self._pages, out, lse, return_lse)
 
     forward = run
 
@@ -370,11 +385,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
         )
         # Ragged KV = pages of one token, page b of request r at row kv_indptr[r] + b.
         self._total_kv = int(kv_h[-1])
-        self._pages = (
+        self._pages = _page_table(
             kv_indptr.to(self._device, torch.int32),
             torch.arange(self._total_kv, dtype=torch.int32, device=self._device),
         )
-        self._page_dl = tuple(_jit.dl(t) for t in self._pages)
 
     @logged_api(mutates=("out", "lse"))
     @traced(attention_traces.BATCH_PREFILL_RAGGED)
@@ -400,7 +414,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
                 f"{self.API}.run does not match its plan: k {list(k.shape)}, v {list(v.shape)}; "
                 f"planned {expect}"
             )
-        return self._plan.run(q, k.unsqueeze(1), v.unsqueeze(1), 0, self._page_dl, out, lse, return_lse)
+        return self._plan.run(q, k.unsqueeze(1), v.unsqueeze(1), "NHD", self._pages, out, lse, return_lse)
 
     forward = run
 
@@ -443,12 +457,11 @@ def _single_plan(
         kernel,
         True,  # one page holds the request's keys
     )
-    pages = (
+    pages = _page_table(
         torch.tensor([0, 1], dtype=torch.int32, device=device),
         torch.zeros(1, dtype=torch.int32, device=device),
     )
-    plan.keep_pages = pages
-    return plan, tuple(_jit.dl(t) for t in pages)
+    return plan, pages
 
 
 @logged_api
@@ -476,8 +489,9 @@ def single_prefill_with_kv_cache(
     "auto" (the faster kernel where measured: fa3 on compute capability 9.0, else fa2), "fa2" or
     "fa3" (9.0 only)."""
     api = "single_prefill_with_kv_cache"
-    layout = _attention.layout_code(kv_layout, api)
-    kernel = _attention.prefill_kernel(backend, q.device, api)
+    layout = _attention.check_layout(kv_layout, api)
+    if backend not in _attention.PREFILL_BACKENDS:
+        _attention.prefill_kernel(backend, q.device, api)  # the error naming the allowed values
     if custom_mask is not None or packed_custom_mask is not None:
         raise ValueError(f"{api}: custom masks are not supported")
     if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape:
@@ -485,25 +499,33 @@ def single_prefill_with_kv_cache(
             f"{api}: q must be [qo_len, heads, head_dim] and k, v equal 3-D tensors; got q "
             f"{list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}"
         )
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if return_lse else None
+    # Planning is host work on shapes; in a compiled graph the whole call is one custom op.
+    run = _single_prefill_op.op if torch.compiler.is_compiling() else _single_prefill
+    run(q, k, v, out, lse, causal, layout, sm_scale, window_left, logits_soft_cap, pos_encoding_mode, backend)
+    return (out, lse) if return_lse else out
+
+
+@custom_op("single_prefill", mutates=("out", "lse"))
+def _single_prefill_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                       lse: torch.Tensor | None, causal: bool, kv_layout: str, sm_scale: float | None,
+                       window_left: int, logits_soft_cap: float | None, pos_encoding_mode: str,
+                       backend: str) -> None:
+    _single_prefill(q, k, v, out, lse, causal, kv_layout, sm_scale, window_left, logits_soft_cap,
+                    pos_encoding_mode, backend)
+
+
+def _single_prefill(q, k, v, out, lse, causal, kv_layout, sm_scale, window_left, logits_soft_cap,
+                    pos_encoding_mode, backend) -> None:
+    kernel = _attention.prefill_kernel(backend, q.device, "single_prefill_with_kv_cache")
     kv_len, kv_heads = (k.shape[0], k.shape[1]) if kv_layout == "NHD" else (k.shape[1], k.shape[0])
-    plan, pages = _single_plan(
-        q.shape[0],
-        kv_len,
-        q.shape[1],
-        kv_heads,
-        q.shape[2],
-        causal,
-        sm_scale,
-        window_left,
-        logits_soft_cap,
-        q.dtype,
-        k.dtype,
-        q.device,
-        pos_encoding_mode,
-        kernel,
-    )
+    plan, pages = _single_plan(q.shape[0], kv_len, q.shape[1], kv_heads, q.shape[2], causal, sm_scale,
+                               window_left, logits_soft_cap, q.dtype, k.dtype, q.device, pos_encoding_mode,
+                               kernel)
     if kv_len == 0:
-        out = torch.zeros_like(q)
-        lse = torch.full(q.shape[:2], -math.inf, dtype=torch.float32, device=q.device)
-        return (out, lse) if return_lse else out
-    return plan.run(q, k.unsqueeze(0), v.unsqueeze(0), layout, pages, None, None, return_lse)
+        out.zero_()
+        if lse is not None:
+            lse.fill_(-math.inf)
+        return
+    plan.run(q, k.unsqueeze(0), v.unsqueeze(0), kv_layout, pages, out, lse, lse is not None)

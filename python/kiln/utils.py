@@ -1,4 +1,4 @@
-"""Capability helpers, in one place (R4.2-4): what the local hardware is, which arch families a
+"""Capability helpers, in one place: what the local hardware is, which arch families a
 target supports, and which backends can run here. Tests skip unsupported hardware through these.
 """
 
@@ -63,10 +63,38 @@ def host_compiler_available() -> bool:
     return toolchain.available("host")
 
 
-def backend_available(label: str, backend: str) -> bool:
-    """Can `label` run on `backend` here: declared, and its toolchain (and device) present?"""
+def precompiled_available(label: str, backend: str, **axes) -> bool:
+    """Is a module of `label` for `backend` (the specialisation `axes` names, else any that ships)
+    installed precompiled here, for the local GPU? Looks where modules already are (an artifact
+    directory, installed packages, the download cache): nothing is downloaded."""
+    from kiln import _jit
+    from kiln.codegen.dispatch import released, specialisation
+    from kiln.codegen.specs import compile_spec
+    from kiln.runtime import build, precompiled
+
+    graph = load_graph()
+    target = graph.target(label)
+    if backend not in target.toolchains:
+        return False
+    if axes:
+        wanted = [specialisation(target, dict(_jit.axis_params(label, "precompiled_available", axes)))]
+    else:
+        wanted = released(target)
+    ctx = _jit.arch_context(label, torch.device("cuda")) if backend == "cuda" else None
+    for spec in wanted:
+        plan = build.plan(compile_spec(spec, backend, graph), ctx)
+        if precompiled.find(plan, download=False)[0] is not None:
+            return True
+    return False
+
+
+def backend_available(label: str, backend: str, **axes) -> bool:
+    """Can `label` run on `backend` here: declared, a device for it, and a compiler or a
+    precompiled module (of the specialisation `axes` names, else of any that ships)?"""
     if backend not in backends(label):
         return False
     if backend == "cuda":
-        return cuda_available() and nvcc_available() and is_arch_supported(label)
-    return host_compiler_available()
+        if not (cuda_available() and is_arch_supported(label)):
+            return False
+        return nvcc_available() or precompiled_available(label, "cuda", **axes)
+    return host_compiler_available() or precompiled_available(label, "host", **axes)

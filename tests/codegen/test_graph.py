@@ -1,4 +1,4 @@
-"""BUILD loading, labels, dispatch expansion, URIs and unsupported combinations (R3.5, R5.11-12)."""
+"""BUILD loading, labels, dispatch expansion, URIs and unsupported combinations."""
 
 import textwrap
 
@@ -131,7 +131,16 @@ def test_invalid_build_files_are_rejected_with_the_file_named(tmp_path, build, m
 def test_duplicate_labels_are_rejected(tmp_path):
     dup = 'op_library(name="x", host_srcs=["x.cc"], binding="b.cc")'
     with pytest.raises(BuildFileError, match="declared twice"):
-        make_tree(tmp_path, {"a": dup, "b": dup})
+        make_tree(tmp_path, {"a": dup + "\n" + dup})
+
+
+def test_one_name_in_two_packages_is_two_targets_and_the_short_form_is_ambiguous(tmp_path):
+    one = 'op_library(name="x", host_srcs=["x.cc"], binding="b.cc")'
+    graph = make_tree(tmp_path, {"a": one, "b": one})
+    assert [t.label for t in graph.targets] == ["//ops/a:x", "//ops/b:x"]
+    assert [s.uri for t in graph.targets for s in expand(t)] == ["a_x", "b_x"]
+    with pytest.raises(LabelError, match="ambiguous: //ops/a:x, //ops/b:x"):
+        graph.resolve("//ops:x")
 
 
 def test_the_real_graph_loads_and_every_module_name_is_unique():

@@ -1,4 +1,4 @@
-"""Rendering: golden output, write-if-different, strict templates, copied units (R3.6-9)."""
+"""Rendering: golden output, write-if-different, strict templates, copied units."""
 
 import os
 import time

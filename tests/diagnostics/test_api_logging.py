@@ -260,7 +260,7 @@ def test_the_decorated_signature_is_the_original():
     assert inspect.signature(logged_api("tests.toy")(toy)) == inspect.signature(toy)
 
 
-# --- independence from the JIT's logger (R7.8) -----------------------------------------------------
+# --- independence from the JIT's logger -----------------------------------------------------
 
 CALL = "import torch, kiln; kiln.rmsnorm(torch.randn(2, 8), torch.randn(8))"
 

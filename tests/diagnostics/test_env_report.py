@@ -1,4 +1,4 @@
-"""`python -m kiln env [--json]`: the report a bug report needs (R6.16)."""
+"""`python -m kiln env [--json]`: the report a bug report needs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The benchmark harness on the CPU: statistics, timers, the reference check that keeps failing
-backends out of the tables, the records (R4.13), JSON lines, the table, repro lines, --shapes."""
+backends out of the tables, the records, JSON lines, the table, repro lines, --shapes."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def test_in_place_backends_are_each_checked_on_pristine_inputs():
     assert [r["status"] for r in recs] == ["ok", "ok"]
 
 
-REQUIRED = {  # R4.13: what every timed result records
+REQUIRED = {  # what every timed result records
     "routine", "backend", "axes", "dtype", "device", "software", "timing", "median_us", "mean_us",
     "std_us", "min_us", "max_us", "bytes_per_call", "gbps", "repro", "check"}
 

@@ -1,4 +1,4 @@
-"""`python -m release build` end to end (R7.14, R2.5, R1.7): the host package of //ops:norm as a
+"""`python -m release build` end to end: the host package of //ops:norm as a
 wheel that pip installs and that serves kiln.rmsnorm with no compiler and KILN_DISABLE_JIT=1; and
 the CUDA package cross-compiled for "8.0 9.0a" without a GPU, its SASS checked with cuobjdump and
 its modules found for the devices that arch list covers, and only for those."""

@@ -1,4 +1,4 @@
-"""version.txt is the one version source (R7.15): the package metadata, kiln.__version__, the
+"""version.txt is the one version source: the package metadata, kiln.__version__, the
 cache key and release manifests all derive from it, and nothing else spells a version."""
 
 import re

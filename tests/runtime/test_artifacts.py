@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from helpers import REPO, toy_spec
+from helpers import toy_spec
 from precompiled_helpers import build_toy_release, host_release, write_pins
 
 from kiln.runtime import artifacts, jit, precompiled

@@ -1,5 +1,6 @@
-"""Compile-only CUDA builds for every arch family the build graph declares (R4.6): they run
-wherever nvcc exists, GPU or not, and check the SASS of each arch landed in the module."""
+"""Compile-only CUDA builds for every arch family each target declares: they run wherever nvcc
+exists, GPU or not, and check the SASS of each arch landed in the module, and that a target's
+module holds only its own kernels (no wgmma code outside the prefill target)."""
 
 import subprocess
 
@@ -12,31 +13,76 @@ from kiln.runtime import jit, metadata
 from kiln.runtime.arch import ArchContext, parse_arch_list
 from kiln.runtime.toolchain import available
 from kiln.runtime.workspace import Workspace
-from release.verify import cuobjdump  # PATH, the CUDA toolkit, or the test extra's wheel
+from release.verify import cuobjdump, dump_sass, nvdisasm  # PATH, the toolkit, or the test extra
 
 pytestmark = pytest.mark.skipif(not available("cuda"), reason="needs nvcc")
 
 
+# One specialisation of every CUDA target of the graph: bf16, head_dim 128, no soft-cap where the
+# target has those axes.
+PREFERRED = {"dtype": "bf16", "head_dim": "128", "soft_cap": "false"}
+TARGETS = [t.label for t in load_graph().targets if "cuda" in t.toolchains]
+
+
+def _params(target) -> dict:
+    return {axis: PREFERRED.get(axis, values[0]) if PREFERRED.get(axis) in values else values[0]
+            for axis, values in target.axes.items()}
+
+
+def _build(tmp_path, label: str, archs: str):
+    graph = load_graph()
+    target = graph.target(label)
+    spec = compile_spec(specialisation(target, _params(target)), "cuda", graph)
+    ctx = ArchContext(parse_arch_list(archs), f"test arch list {archs!r}")
+    status, plan = jit.build(spec, ctx, workspace=Workspace(tmp_path), quiet=True)
+    assert status == "built"
+    md = metadata.read(plan.key_dir)
+    return md, plan.key_dir / md.library
+
+
+def test_every_cuda_target_is_covered():
+    assert {"//ops:norm", "//ops/attention:decode", "//ops/attention:prefill",
+            "//ops/attention:cascade", "//ops/attention:page"} <= set(TARGETS)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("label,params", [
-    ("//ops:norm", {"dtype": "bf16"}),
-    ("//ops:attention", {"dtype": "bf16", "head_dim": 128, "soft_cap": False}),
-], ids=["norm", "attention"])
-def test_every_declared_family_compiles(tmp_path, label, params):
+@pytest.mark.parametrize("label", TARGETS)
+def test_every_declared_family_compiles(tmp_path, label):
     graph = load_graph()
     target = graph.target(label)
     # The first arch of every family the target declares, in the variant the family needs.
     archs = " ".join(f.archs[0] + ("a" if f.arch_specific else "")
                      for f in arch_families(graph, target))
-    spec = compile_spec(specialisation(target, params), "cuda", graph)
-    ctx = ArchContext(parse_arch_list(archs), f"test arch list {archs!r}")
-    status, plan = jit.build(spec, ctx, workspace=Workspace(tmp_path), quiet=True)
-    assert status == "built"
-    md = metadata.read(plan.key_dir)
+    md, lib = _build(tmp_path, label, archs)
     assert sorted(md.archs) == sorted(str(a) for a in parse_arch_list(archs))
-    lib = plan.key_dir / md.library
     if cuobjdump():
         listing = subprocess.run([cuobjdump(), "--list-elf", str(lib)], capture_output=True,
                                  text=True, check=True).stdout
         for a in parse_arch_list(archs):
             assert f".sm_{a.sm}." in listing, listing
+
+
+def _hgmma_count(lib) -> int:
+    return dump_sass(lib).count("HGMMA")
+
+
+_SASS = pytest.mark.skipif(not (cuobjdump() and nvdisasm()), reason="needs cuobjdump and nvdisasm")
+
+
+@_SASS
+@pytest.mark.parametrize("label", ["//ops/attention:cascade", "//ops/attention:decode",
+                                   "//ops/attention:page"])
+def test_targets_other_than_prefill_compile_no_wgmma_for_9_0a(tmp_path, label):
+    """Each target compiles only its own kernels: asked for 9.0a, the merge, decode and append
+    modules hold no wgmma (HGMMA) instruction; only //ops/attention:prefill does."""
+    md, lib = _build(tmp_path, label, "9.0a")
+    assert md.archs == ["9.0a"]
+    assert _hgmma_count(lib) == 0
+
+
+@pytest.mark.slow
+@_SASS
+def test_the_prefill_target_holds_the_wgmma_kernel(tmp_path):
+    """The check above can fail: the prefill module built for 9.0a does contain HGMMA."""
+    md, lib = _build(tmp_path, "//ops/attention:prefill", "9.0a")
+    assert _hgmma_count(lib) > 0

@@ -1,4 +1,4 @@
-"""Trace templates stay in step with the public API and the committed definitions (R3.17, R8.11):
+"""Trace templates stay in step with the public API and the committed definitions:
 every public API has one, its inputs and axes agree with the API's signature, its reference
 produces the declared outputs, and regenerating the definitions changes nothing."""
 
@@ -29,8 +29,8 @@ def public_apis():
             yield f"kiln.{name}", obj
 
 
-# Public APIs that landed (Attention I) while the harness was built, before they could carry a
-# trace template: each is owed one (issue 5, R3.14). Shrink this set, never grow it; the test
+# Public APIs that landed before they could carry a trace template: each is owed one. Shrink this
+# set, never grow it; the test
 # below fails when an API listed here gains a template, so the list cannot go stale.
 AWAITING_TEMPLATES: set[str] = set()
 
@@ -207,7 +207,7 @@ def test_reference_produces_the_declared_outputs(name):
             assert out[oname].isfinite().all()
 
 
-# The axes that count requests or tokens, and the sizes the examples must reach (R3.16: decode
+# The axes that count requests or tokens, and the sizes the examples must reach (decode
 # batches 1-256, prefill 1k-8k tokens). Decode-only ops (paged decode) have no prefill examples.
 BATCH_AXES = ("tokens", "batch_size", "seq_len")
 TOKEN_AXES = ("tokens", "seq_len", "nnz", "append_len", "qo_len")
@@ -217,7 +217,7 @@ PREFILL_ONLY = {"batch_prefill", "batch_prefill_ragged", "single_prefill"}
 
 @pytest.mark.parametrize("name", APIS)
 def test_examples_are_realistic_model_shapes(name):
-    """R3.16: named models with sources; decode examples reach a batch of 256 where the op has a
+    """Named models with sources; decode examples reach a batch of 256 where the op has a
     batch axis, prefill examples 8k tokens."""
     t = APIS[name].template
     phases = {ex.phase for ex in t.examples}

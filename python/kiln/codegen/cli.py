@@ -77,7 +77,14 @@ def _default_toolchain(args) -> str:
 
 def cmd_query(args) -> int:
     graph = load_graph()
-    for t in graph.resolve(args.label):
+    targets = graph.resolve(args.label)
+    for g in graph.groups:
+        members = graph.resolve(g.label)
+        if g.label == args.label.strip() or g.full_label == args.label.strip() or all(
+                m in targets for m in members):
+            print(f"{g.label}  -- group: {', '.join(m.label for m in members)}"
+                  + (f"; {g.doc}" if g.doc else ""))
+    for t in targets:
         specs = expand(t)
         fams = ", ".join(str(f) for f in _families(graph, t)) or "-"
         print(f"{t.label}" + (f"  -- {t.doc}" if t.doc else ""))

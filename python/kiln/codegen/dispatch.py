@@ -1,11 +1,14 @@
-"""Dispatch-matrix expansion (R5.11-12): a target's axes -> its specialisations, each with a
-deterministic, readable URI (R3.5).
+"""Dispatch-matrix expansion: a target's axes -> its specialisations, each with a deterministic,
+readable URI.
 
     //ops:norm, dispatch={"dtype": ["f32", "f16", "bf16"]}
       -> norm_dtype_f32, norm_dtype_f16, norm_dtype_bf16
+    //ops/attention:cascade, dispatch={"dtype": [...], "head_dim": [...]}
+      -> attention_cascade_dtype_f16_head_dim_64, ...
 
-A URI is the target name followed by `<axis>_<value>` for each axis in declaration order. The
-module built from it by a toolchain is `<uri>_<toolchain>`. Combinations the target excludes are
+A URI is the target's URI prefix (its name, after its family's name when they differ) followed by
+`<axis>_<value>` for each axis in declaration order. The module built from it by a toolchain is
+`<uri>_<toolchain>`. Combinations the target excludes are
 never expanded; asking for one, or for a value outside an axis, is an error naming what is allowed.
 """
 
@@ -14,7 +17,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from .rules import Target
+from .rules import NoRelease, Target
 
 
 class DispatchError(ValueError):
@@ -28,7 +31,7 @@ class Specialisation:
 
     @property
     def uri(self) -> str:
-        return "_".join([self.target.name] + [f"{a}_{v}" for a, v in self.params])
+        return "_".join([self.target.uri_prefix] + [f"{a}_{v}" for a, v in self.params])
 
     def module_name(self, toolchain: str) -> str:
         return f"{self.uri}_{toolchain}"
@@ -67,9 +70,9 @@ def expand(target: Target, selection: dict[str, list[str]] | None = None) -> lis
 
 
 def released(target: Target) -> list[Specialisation]:
-    """The specialisations precompiled packages ship, as the target's `release=` registers them
-    (R3.12); [] for a target that registers none."""
-    if target.release is None:
+    """The specialisations precompiled packages ship, as the target's `release=` registers them;
+    [] for a target that registers none."""
+    if target.release is None or isinstance(target.release, NoRelease):
         return []
     return expand(target, {axis: list(values) for axis, values in target.release})
 

@@ -1,11 +1,13 @@
 """The build graph: WORKSPACE.py, the BUILD.py files under its roots, and label resolution.
 
 Labels:
-    //ops:norm         the target `norm` declared in some BUILD.py under ops/
-    //ops/norm:norm    the same, naming the directory of its BUILD file
-    //ops/...          every target under ops/ (also //ops:all)
-    //ops/norm/...     every target whose BUILD file is under ops/norm/
-    norm               shorthand for the one target of that name
+    //ops/attention:decode   the target `decode` of ops/attention/BUILD.py
+    //ops:norm               the target named after its package (ops/norm/BUILD.py's `norm`); a
+                             group such as //ops:attention names its member targets
+    //ops/norm:norm          the same, in full; //ops/norm for short
+    //ops/...                every target under ops/ (also //ops:all)
+    //ops/attention/...      every target whose BUILD file is under ops/attention/
+    norm, decode             shorthand for the one target (or group) of that name
 An unknown label is an error that lists the nearest known labels.
 """
 
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from kiln.runtime import sources
 
-from .rules import BuildFileError, Target, make_target, unsupported
+from .rules import BuildFileError, Group, Target, make_group, make_target, no_release, unsupported
 
 
 class LabelError(LookupError):
@@ -30,6 +32,7 @@ class Graph:
     root: Path  # the source root holding WORKSPACE.py
     workspace: dict
     targets: tuple[Target, ...]
+    groups: tuple[Group, ...] = ()
 
     def labels(self) -> list[str]:
         return [t.label for t in self.targets]
@@ -37,19 +40,20 @@ class Graph:
     def target(self, label: str) -> Target:
         found = self.resolve(label)
         if len(found) != 1:
-            raise LabelError(f"{label!r} names {len(found)} targets; name exactly one")
+            raise LabelError(f"{label!r} names {len(found)} targets "
+                             f"({', '.join(t.label for t in found)}); name exactly one")
         return found[0]
 
     def resolve(self, pattern: str) -> list[Target]:
-        """The targets a label or pattern names, in declaration order."""
+        """The targets a label or pattern names, in declaration order (a group: its members)."""
         pat = pattern.strip()
         if not pat.startswith("//"):
-            named = [t for t in self.targets if t.name == pat]
+            named = [x for x in (*self.targets, *self.groups) if x.name == pat]
             if len(named) == 1:
-                return named
+                return self._expand(named[0])
             if not named:
                 raise self._unknown(pat)
-            raise LabelError(f"{pat!r} is ambiguous: {', '.join(t.label for t in named)}")
+            raise LabelError(f"{pat!r} is ambiguous: {', '.join(x.label for x in named)}")
         body = pat[2:]
         if body.endswith("/...") or body.endswith(":all") or body == "...":
             prefix = body.rsplit("/...", 1)[0] if body.endswith("/...") else body.split(":")[0]
@@ -62,18 +66,38 @@ class Graph:
         pkg, sep, name = body.partition(":")
         if not sep:
             pkg, name = body, body.rsplit("/", 1)[-1]
-        for t in self.targets:
-            if t.name != name:
-                continue
-            if pkg == t.root or t.package_dir.resolve() == (self.root / pkg).resolve():
-                return [t]
+        pkg = pkg.strip("/")
+        every = (*self.targets, *self.groups)
+        for x in every:
+            if x.name == name and (x.package == pkg or x.label == pat):
+                return self._expand(x)
+        # //ops:decode: the one target of that name anywhere below the BUILD root `ops`.
+        below = [x for x in every if x.name == name and x.root == pkg]
+        if len(below) == 1:
+            return self._expand(below[0])
+        if below:
+            raise LabelError(f"{pat!r} is ambiguous: {', '.join(x.full_label for x in below)}")
         raise self._unknown(pat)
 
+    def _expand(self, x: Target | Group) -> list[Target]:
+        if isinstance(x, Target):
+            return [x]
+        out: list[Target] = []
+        for member in x.member_labels():
+            for t in self.resolve(member):
+                if t not in out:
+                    out.append(t)
+        return out
+
+    def group_of(self, target: Target) -> list[Group]:
+        return [g for g in self.groups if target in self._expand(g)]
+
     def _unknown(self, pat: str) -> LabelError:
-        known = self.labels()
+        known = self.labels() + [g.label for g in self.groups]
         name = pat.rsplit(":", 1)[-1].rsplit("/", 1)[-1]
-        near = difflib.get_close_matches(name, [t.name for t in self.targets], n=3, cutoff=0.6)
-        labels = [t.label for n in near for t in self.targets if t.name == n]
+        every = (*self.targets, *self.groups)
+        near = difflib.get_close_matches(name, [x.name for x in every], n=3, cutoff=0.6)
+        labels = [x.label for n in near for x in every if x.name == n]
         hint = f"; did you mean {' or '.join(labels)}?" if labels else ";"
         return LabelError(f"no target matches {pat!r}{hint} Known targets: {', '.join(known)}")
 
@@ -98,25 +122,44 @@ def load_graph(root: Path | None = None) -> Graph:
 def _load_graph(root: Path) -> Graph:
     ws = load_workspace(root)
     targets: list[Target] = []
+    groups: list[Group] = []
     for build_root in ws.get("BUILD_ROOTS", ()):
         for build_file in sorted((root / build_root).rglob("BUILD.py")):
-            declared: list[Target] = []
+            package = build_file.parent.relative_to(root).as_posix()
+            where = (build_file, build_root, package)
 
-            def op_library(_bf=build_file, _root=build_root, _out=declared, **kwargs):
-                _out.append(make_target(_bf, _root, **kwargs))
+            def op_library(_where=where, **kwargs):
+                targets.append(make_target(*_where, **kwargs))
 
-            _exec_file(build_file, {"op_library": op_library, "unsupported": unsupported,
+            def op_group(_where=where, **kwargs):
+                groups.append(make_group(*_where, **kwargs))
+
+            _exec_file(build_file, {"op_library": op_library, "op_group": op_group,
+                                    "unsupported": unsupported, "no_release": no_release,
                                     "__file__": str(build_file)})
-            targets.extend(declared)
     seen: dict[str, Path] = {}
+    for t in (*targets, *groups):
+        for label in {t.label, t.full_label}:
+            if label in seen:
+                raise BuildFileError(f"{label} is declared twice: in {seen[label]} and {t.build_file}")
+            seen[label] = t.build_file
     for t in targets:
-        if t.label in seen:
-            raise BuildFileError(f"{t.label} is declared twice: in {seen[t.label]} and {t.build_file}")
-        seen[t.label] = t.build_file
         unknown = [a.rstrip("a") for a in t.archs if a.rstrip("a") not in ws["ARCH_FAMILIES"]]
         if unknown:
             raise BuildFileError(
                 f"{t.build_file}: {t.label} names unknown arch families {unknown}; WORKSPACE.py "
                 f"declares {sorted(ws['ARCH_FAMILIES'])}"
             )
-    return Graph(root, ws, tuple(targets))
+    graph = Graph(root, ws, tuple(targets), tuple(groups))
+    uris: dict[str, str] = {}
+    for t in targets:
+        if uris.setdefault(t.uri_prefix, t.label) != t.label:
+            raise BuildFileError(f"{t.label} and {uris[t.uri_prefix]} would both name their modules "
+                                 f"{t.uri_prefix}_...; rename one")
+    for g in groups:
+        for member in g.member_labels():
+            try:
+                graph.resolve(member)
+            except LabelError as e:
+                raise BuildFileError(f"{g.build_file}: op_group {g.label} names {member}: {e}") from None
+    return graph

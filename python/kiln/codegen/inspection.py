@@ -1,5 +1,5 @@
 """`python -m codegen inspect <uri|module|label>`: what kiln generated, built and cached for a
-module, shown together (R6.11):
+module, shown together:
 
     spec       label, URI, module name, toolchain, parameters
     sources    the generated directory: rendered files in full, copied units by name and origin

@@ -1,4 +1,4 @@
-"""Rendering a specialisation's sources into its generated directory (R3.6-9).
+"""Rendering a specialisation's sources into its generated directory.
 
 Each specialisation gets:
   spec_config.h   from templates/spec_config.h.jinja: the URI and one C++ declaration per axis

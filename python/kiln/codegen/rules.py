@@ -1,6 +1,6 @@
-"""Rule functions available in BUILD.py files, and the Target they declare.
+"""Rule functions available in BUILD.py files, and the targets they declare.
 
-    op_library(
+    op_library(                           # one op (or a few that share kernels and a binding)
         name="norm",
         srcs=["norm_cuda.cu"],            # CUDA toolchain compile units, beside the BUILD file
         host_srcs=["norm_host.cc"],       # host toolchain compile units
@@ -10,10 +10,17 @@
         archs=["sm80", "sm90", "sm100", "sm120"],        # WORKSPACE families; "sm90a" = needs 9.0a
         templates=["decode_config.h.jinja"],             # Jinja files rendered per specialisation
         cflags=[], cuda_flags=[], ldflags=[],
-        release="all",                    # which specialisations ship precompiled (R3.12):
-                                          # "all", {"dtype": ["bf16"]} (a selection), or omitted
+        release="all",                    # which specialisations ship precompiled: "all",
+                                          # {"dtype": ["bf16"]} (a selection), or
+                                          # no_release("why none ships")
         doc="one line: what the target provides",
     )
+    op_group(name="attention", targets=[":decode", ":prefill"], doc="...")   # builds its members
+
+A target's label is //<package>:<name>, its package the BUILD file's directory below the source
+root (//ops/attention:decode); a target named after its package is also //<root>:<name>, the
+form shown (//ops:norm, //ops:attention). Its URI (and so its modules' names) starts with the
+name, prefixed by the package's name when they differ (attention_decode_dtype_bf16_...).
 """
 
 from __future__ import annotations
@@ -46,9 +53,30 @@ def unsupported(match: dict, reason: str) -> Unsupported:
 
 
 @dataclass(frozen=True)
+class NoRelease:
+    """`release=no_release("why")`: the target ships no precompiled module, deliberately."""
+
+    reason: str
+
+
+def no_release(reason: str) -> NoRelease:
+    if not isinstance(reason, str) or not reason.strip():
+        raise BuildFileError("no_release() needs the reason no specialisation ships precompiled")
+    return NoRelease(reason.strip())
+
+
+def _short_label(root: str, package: str, name: str) -> str:
+    """//ops:norm for the target named after its package ops/norm, else //ops/attention:decode."""
+    if package.rsplit("/", 1)[-1] == name and package.count("/") == root.count("/") + 1:
+        return f"//{root}:{name}"
+    return f"//{package}:{name}"
+
+
+@dataclass(frozen=True)
 class Target:
     name: str
-    root: str  # the BUILD root it belongs to ("ops"): its label is //<root>:<name>
+    root: str  # the BUILD root it belongs to ("ops")
+    package: str  # the BUILD file's directory, relative to the source root ("ops/attention")
     build_file: Path
     srcs: tuple[str, ...]
     host_srcs: tuple[str, ...]
@@ -63,13 +91,27 @@ class Target:
     include_dirs: tuple[str, ...]
     doc: str = ""
     toolchains: tuple[str, ...] = field(default=())
-    # The specialisations precompiled packages ship (R3.12): None = none, () = all, otherwise the
-    # selection per axis (axes not named: every value).
-    release: tuple[tuple[str, tuple[str, ...]], ...] | None = None
+    # The specialisations precompiled packages ship: None = not declared, () = all, a NoRelease
+    # = none on purpose, otherwise the selection per axis (axes not named: every value).
+    release: tuple[tuple[str, tuple[str, ...]], ...] | NoRelease | None = None
 
     @property
     def label(self) -> str:
-        return f"//{self.root}:{self.name}"
+        return _short_label(self.root, self.package, self.name)
+
+    @property
+    def full_label(self) -> str:
+        return f"//{self.package}:{self.name}"
+
+    @property
+    def family(self) -> str:
+        """The package's name ("attention"): the op family the target belongs to (a BUILD file
+        directly in a BUILD root declares families of their own)."""
+        return self.name if self.package == self.root else self.package.rsplit("/", 1)[-1]
+
+    @property
+    def uri_prefix(self) -> str:
+        return self.name if self.name == self.family else f"{self.family}_{self.name}"
 
     @property
     def package_dir(self) -> Path:
@@ -87,13 +129,15 @@ def _value(v) -> str:
 
 
 def _release(where: str, release, axes: dict[str, tuple[str, ...]]):
-    """Validate `release=`: None, "all", or {axis: [values]} naming only the target's axes."""
-    if release is None:
-        return None
+    """Validate `release=`: "all", {axis: [values]} naming only the target's axes, or
+    no_release(reason); None when omitted (a test requires every kiln target to declare one)."""
+    if release is None or isinstance(release, NoRelease):
+        return release
     if release == "all":
         return ()
     if not isinstance(release, dict) or not release:
-        raise BuildFileError(f'{where}: release= takes "all" or {{axis: [values]}}, got {release!r}')
+        raise BuildFileError(f'{where}: release= takes "all", {{axis: [values]}} or '
+                             f'no_release("why"), got {release!r}')
     out = []
     for axis, values in release.items():
         vals = tuple(_value(v) for v in (values if isinstance(values, (list, tuple)) else [values]))
@@ -108,7 +152,8 @@ def _release(where: str, release, axes: dict[str, tuple[str, ...]]):
     return tuple(out)
 
 
-def make_target(build_file: Path, root: str, *, name: str, binding: str, srcs=(), host_srcs=(),
+def make_target(build_file: Path, root: str, package: str, *, name: str, binding: str, srcs=(),
+                host_srcs=(),
                 dispatch=None, exclude=(), archs=(), templates=(), cflags=(), cuda_flags=(),
                 ldflags=(), include_dirs=(), release=None, doc: str = "") -> Target:
     where = f"{build_file}: op_library(name={name!r})"
@@ -140,8 +185,38 @@ def make_target(build_file: Path, root: str, *, name: str, binding: str, srcs=()
                 raise BuildFileError(f"{where}: unsupported() names {a}={v}, not in the dispatch")
     return Target(
         release=_release(where, release, dict(axes)),
-        name=name, root=root, build_file=build_file, srcs=tuple(srcs), host_srcs=tuple(host_srcs),
+        name=name, root=root, package=package, build_file=build_file, srcs=tuple(srcs),
+        host_srcs=tuple(host_srcs),
         binding=binding, dispatch=tuple(axes), exclude=tuple(exclude), archs=tuple(archs),
         templates=tuple(templates), cflags=tuple(cflags), cuda_flags=tuple(cuda_flags),
         ldflags=tuple(ldflags), include_dirs=tuple(include_dirs), doc=doc, toolchains=toolchains,
     )
+
+
+@dataclass(frozen=True)
+class Group:
+    """`op_group(name=..., targets=[...])`: a label that names several targets (a family), built
+    and queried together; it compiles nothing of its own."""
+
+    name: str
+    root: str
+    package: str
+    build_file: Path
+    members: tuple[str, ...]  # labels as written (":decode" = the same package)
+    doc: str = ""
+
+    label = Target.label
+    full_label = Target.full_label
+
+    def member_labels(self) -> list[str]:
+        return [f"//{self.package}{m}" if m.startswith(":") else m for m in self.members]
+
+
+def make_group(build_file: Path, root: str, package: str, *, name: str, targets, doc: str = ""):
+    where = f"{build_file}: op_group(name={name!r})"
+    if not _NAME.match(name):
+        raise BuildFileError(f"{where}: name must match {_NAME.pattern}")
+    if not targets or not all(isinstance(t, str) and t for t in targets):
+        raise BuildFileError(f"{where}: targets= takes a non-empty list of labels (':decode', "
+                             "'//ops/norm:norm')")
+    return Group(name, root, package, build_file, tuple(targets), doc)

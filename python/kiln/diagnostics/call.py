@@ -1,4 +1,4 @@
-"""One logged call: the wrapper `logged_api` returns when diagnostics are on (R6.1-7).
+"""One logged call: the wrapper `logged_api` returns when diagnostics are on.
 
 Order of events for a call, each record written (and flushed) before the next step:
 

@@ -1,6 +1,6 @@
 """Arguments and results as log text: tensors by their metadata (level 3) and, only at level 5,
-their statistics (R6.3-4). Statistics read the tensor's values, which synchronises with the device,
-so they are skipped while a CUDA graph is being captured (R6.5).
+their statistics. Statistics read the tensor's values, which synchronises with the device,
+so they are skipped while a CUDA graph is being captured.
 """
 
 from __future__ import annotations

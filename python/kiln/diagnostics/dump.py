@@ -1,4 +1,4 @@
-"""Dumps of logged calls into KILN_DUMP_DIR (R6.6-9, R6.12), for `python -m kiln replay`.
+"""Dumps of logged calls into KILN_DUMP_DIR, for `python -m kiln replay`.
 
     $KILN_DUMP_DIR/                          created owner-only (0700) if missing
       <YYYYmmdd-HHMMSS>-pid<pid>/            one session per process
@@ -70,7 +70,7 @@ def _safetensors_bytes(tensors: dict, api: str) -> bytes:
 
 
 def _check_dedicated(d: Path) -> None:
-    """The dump directory must not be kiln's package or one of its JIT workspaces (R2.6, R6.9)."""
+    """The dump directory must not be kiln's package or one of its JIT workspaces."""
     ws = Workspace.current()
     forbidden = ((Path(__file__).resolve().parents[1], "kiln's package directory"),
                  (ws.generated.resolve(), "the generated-source workspace"),

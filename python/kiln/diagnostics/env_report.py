@@ -1,4 +1,4 @@
-"""`python -m kiln env [--json]`: what a bug report needs to say about this machine (R6.16).
+"""`python -m kiln env [--json]`: what a bug report needs to say about this machine.
 
 kiln, Python, torch and their CUDA; the driver, nvcc and the host compiler; the GPUs and their
 archs; the arch list in force and where it comes from; the workspaces and what the cache holds;

@@ -1,4 +1,4 @@
-"""KILN_FORCE_BACKEND: run calls on a chosen backend whatever their tensors' device (R6.15, R7.13).
+"""KILN_FORCE_BACKEND: run calls on a chosen backend whatever their tensors' device.
 
 A diagnostic control, never a default: `host` runs CUDA tensors through the CPU backend (copied to
 the host and back, synchronising), which tells whether a wrong result or a crash comes from a CUDA

@@ -1,4 +1,4 @@
-"""What a call record says about where the call ran (R6.12): the device and its arch, the compiled
+"""What a call record says about where the call ran: the device and its arch, the compiled
 module (URI, cache keys, archs, flags, from the metadata beside its library), the kiln, Python and
 torch versions, and every KILN_* variable that is set."""
 

@@ -1,6 +1,6 @@
 """The dump format of a call's values: JSON specs for everything, tensor data in safetensors.
 
-No pickle anywhere (R6.8): a dump can be opened on another machine by anything that reads JSON and
+No pickle anywhere: a dump can be opened on another machine by anything that reads JSON and
 safetensors. A tensor's spec keeps its layout (shape, strides, storage offset), so a replay rebuilds
 the same view (alignment and strides select kernel paths); a tensor passed twice (out=input) is
 stored once and the second use is an alias of the first.

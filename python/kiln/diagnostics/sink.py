@@ -2,7 +2,7 @@
 
 A record reaches the destination before the call it describes runs: it is written in one piece,
 flushed, and for a file fsync'ed, so the inputs of a call that kills the process (or hangs the
-machine) are on disk already (R6.1). Files are opened on the first record, in append mode, and
+machine) are on disk already. Files are opened on the first record, in append mode, and
 reopened after a fork so every process writes its own '%p' file.
 """
 

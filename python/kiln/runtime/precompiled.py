@@ -283,9 +283,10 @@ def _from_repository(repository: str, plan, searched: list[str]) -> Found | None
     return None
 
 
-def find(plan) -> tuple[Found | None, str]:
+def find(plan, download: bool = True) -> tuple[Found | None, str]:
     """The precompiled module that serves `plan`, or (None, where it was looked for), without
-    loading it. Errors (another version, tampering, a download that must happen and cannot) raise."""
+    loading it. Errors (another version, tampering, a download that must happen and cannot) raise.
+    download=False looks only where the module already is (no artifact repository)."""
     searched: list[str] = []
     artifact_dir = env.get("KILN_ARTIFACT_DIR")
     if artifact_dir:
@@ -310,7 +311,7 @@ def find(plan) -> tuple[Found | None, str]:
             return found, ""
     else:
         searched.append(f"download cache {cache}: empty")
-    if repository:
+    if repository and download:
         found = _from_repository(repository, plan, searched)
         if found:
             return found, ""

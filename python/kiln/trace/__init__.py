@@ -1,4 +1,4 @@
-"""Trace templates (R3.14-17): each public API describes its own workload.
+"""Trace templates: each public API describes its own workload.
 
     from kiln.trace import traced, traced_apis
     traced_apis()["rmsnorm"].template.reference(...)

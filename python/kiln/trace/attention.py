@@ -50,13 +50,41 @@ def decode_examples(workloads) -> tuple[Example, ...]:
     )
 
 
-def attend(q, k, v, sm_scale):
-    """q [Hq, D], k/v [L, Hk, D] -> (out [Hq, D], lse [Hq] base 2), float32, grouped query heads."""
-    hq, hk = q.shape[0], k.shape[1]
-    qg = q.float().view(hk, hq // hk, -1)
-    logits = torch.einsum("kgd,tkd->kgt", qg, k.float()) * sm_scale
-    out = torch.einsum("kgt,tkd->kgd", torch.softmax(logits, -1), v.float())
-    return out.reshape(hq, -1), (torch.logsumexp(logits, -1) / math.log(2)).reshape(hq)
+def attention(q, k, v, causal=False, window_left=-1, soft_cap=None, sm_scale=None):
+    """The reference of every attention API (decode is qo_len 1), in float32, written from the
+    definition and never from a kernel:
+
+    q [qo_len, Hq, D], k/v [kv_len, Hk, D] (query head h reads kv head h // (Hq // Hk)) ->
+    (out [qo_len, Hq, D], lse [qo_len, Hq] base 2). Query i sits at key position
+    i + kv_len - qo_len: `causal` shows it keys j <= that position, `window_left` >= 0 only keys
+    j >= position - window_left; logits are q.k * sm_scale (default 1/sqrt(D)), soft-capped as
+    cap * tanh(logit / cap). A query that sees no key: out 0, lse -inf."""
+    qo, hq, d = q.shape
+    kv, hk = k.shape[0], k.shape[1]
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    kf = k.float().repeat_interleave(hq // hk, 1)
+    vf = v.float().repeat_interleave(hq // hk, 1)
+    logits = torch.einsum("ihd,jhd->hij", q.float(), kf) * sm_scale
+    if soft_cap:
+        logits = soft_cap * torch.tanh(logits / soft_cap)
+    pos = torch.arange(qo, device=q.device)[:, None] + kv - qo
+    key = torch.arange(kv, device=q.device)[None, :]
+    visible = torch.ones(qo, kv, dtype=torch.bool, device=q.device)
+    if causal:
+        visible &= key <= pos
+    if window_left >= 0:
+        visible &= key >= pos - window_left
+    logits = logits.masked_fill(~visible, -math.inf)
+    lse = torch.logsumexp(logits, -1)
+    p = torch.softmax(logits, -1).nan_to_num(0.0)
+    out = torch.einsum("hij,jhd->ihd", p, vf)
+    return out, (lse / math.log(2)).transpose(0, 1)
+
+
+def attend(q, k, v, sm_scale=None, soft_cap=None, window_left=-1):
+    """Decode: q [Hq, D] over k/v [L, Hk, D] -> (out [Hq, D], lse [Hq]): attention() at qo_len 1."""
+    out, lse = attention(q.unsqueeze(0), k, v, window_left=window_left, soft_cap=soft_cap, sm_scale=sm_scale)
+    return out[0], lse[0]
 
 
 # --- BatchDecodeWithPagedKVCacheWrapper.run ---------------------------------------------------
@@ -91,12 +119,13 @@ def batch_decode_reference(
         k, v = request_kv(
             paged_kv_cache, indptr, indices, last_page_len, b, page_size, num_kv_heads, head_dim
         )
-        out[b] = attend(q[b], k, v, 1.0 / math.sqrt(head_dim))[0]
+        out[b] = attend(q[b], k, v)[0]
     return {"out": out}
 
 
 BATCH_DECODE = TraceTemplate(
     name="batch_decode",
+    target="//ops/attention:decode",
     description="one query token per request attends to its paged KV cache (GQA, NHD, plan/run)",
     axes={
         "batch_size": var("requests decoding one token"),
@@ -163,6 +192,7 @@ def single_decode_reference(q, k, v):
 
 SINGLE_DECODE = TraceTemplate(
     name="single_decode",
+    target="//ops/attention:decode",
     description="one query token attends to one contiguous KV cache (NHD)",
     axes={"kv_len": var("tokens in the cache"), **HEAD_AXES},
     inputs={
@@ -215,12 +245,14 @@ STATE_EXAMPLES = tuple(
 STATE_SMALL = ({"seq_len": 1}, {"seq_len": 37})
 
 
-def merge_float(v, s):
-    """Merge states along dim 1: v [n, S, H, D], s [n, S, H] (base 2) -> float32 (v, s)."""
-    s_nat = s.double() * math.log(2)
+def merge_float(v, s, compute=torch.float64):
+    """The reference of the merges: states along dim 1, v [n, S, H, D], s [n, S, H] (base 2) ->
+    float32 (v, s), computed in `compute` (float64; the benchmarks' torch backend, what a user
+    writes without a kernel, runs it in float32). An empty state (s = -inf) contributes nothing."""
+    s_nat = s.to(compute) * math.log(2)
     lse = torch.logsumexp(s_nat, dim=1)
     w = torch.exp(s_nat - lse[:, None]).nan_to_num(0.0)
-    return torch.einsum("nsh,nshd->nhd", w, v.double()).float(), (lse / math.log(2)).float()
+    return torch.einsum("nsh,nshd->nhd", w, v.to(compute)).float(), (lse / math.log(2)).float()
 
 
 def merge_state_reference(v_a, s_a, v_b, s_b):
@@ -240,6 +272,7 @@ def merge_states_reference(v, s):
 
 MERGE_STATE = TraceTemplate(
     name="merge_state",
+    target="//ops/attention:cascade",
     description="the attention state over the union of two disjoint key sets",
     axes=STATE_AXES,
     inputs={"v_a": V, "s_a": S, "v_b": V, "s_b": S},
@@ -252,6 +285,7 @@ MERGE_STATE = TraceTemplate(
 
 MERGE_STATE_IN_PLACE = TraceTemplate(
     name="merge_state_in_place",
+    target="//ops/attention:cascade",
     description="in place: (v, s) <- merge of (v, s) and (v_other, s_other)",
     axes=STATE_AXES,
     inputs={"v": V, "s": S, "v_other": V, "s_other": S},
@@ -265,6 +299,7 @@ MERGE_STATE_IN_PLACE = TraceTemplate(
 
 MERGE_STATES = TraceTemplate(
     name="merge_states",
+    target="//ops/attention:cascade",
     description="merge num_states attention states per row into one",
     axes={**STATE_AXES, "num_states": var("states per row (KV splits, cascade levels)")},
     inputs={
@@ -347,6 +382,7 @@ APPEND_SMALL = (
 
 GET_BATCH_INDICES_POSITIONS = TraceTemplate(
     name="get_batch_indices_positions",
+    target="//ops/attention:page",
     description="request index and position of every appended token",
     axes={
         **{k: APPEND_AXES[k] for k in ("batch_size", "append_len", "kv_len")},
@@ -411,17 +447,25 @@ def append_reference(
     kv_indptr,
     kv_last_page_len,
 ):
+    cache = paged_kv_cache.clone()
+    append_into(cache, append_key, append_value, batch_indices, positions, kv_indices, kv_indptr)
+    return {"paged_kv_cache": cache}
+
+
+def append_into(paged_kv_cache, append_key, append_value, batch_indices, positions, kv_indices, kv_indptr):
+    """The append in torch indexing (the reference, and the benchmarks' torch backend): token i
+    into page kv_indices[kv_indptr[b] + pos // page_size], slot pos % page_size, of an NHD
+    [pages, 2, page_size, heads, head_dim] cache."""
     page_size = paged_kv_cache.shape[2]
     pos = positions.long()
     page = kv_indices.long()[kv_indptr.long()[batch_indices.long()] + pos // page_size]
-    cache = paged_kv_cache.clone()
-    cache[page, 0, pos % page_size] = append_key
-    cache[page, 1, pos % page_size] = append_value
-    return {"paged_kv_cache": cache}
+    paged_kv_cache[page, 0, pos % page_size] = append_key
+    paged_kv_cache[page, 1, pos % page_size] = append_value
 
 
 APPEND_PAGED_KV_CACHE = TraceTemplate(
     name="append_paged_kv_cache",
+    target="//ops/attention:page",
     description="in place: write appended keys and values into their page slots (NHD)",
     axes=APPEND_AXES,
     inputs={
@@ -457,22 +501,6 @@ PREFILL_WORKLOADS = (
     {"batch_size": 16, "qo_len": 1024},
     {"batch_size": 8, "qo_len": 1024},
 )
-
-
-def prefill_attend(q, k, v, causal, sm_scale=None):
-    """q [qo_len, Hq, D], k/v [kv_len, Hk, D] -> out [qo_len, Hq, D] float32, the causal mask
-    aligned to the end (query i sees keys <= i + kv_len - qo_len)."""
-    qo_len, hq, d = q.shape
-    kv_len, hk = k.shape[0], k.shape[1]
-    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
-    qg = q.float().view(qo_len, hk, hq // hk, d)
-    logits = torch.einsum("ikgd,jkd->kgij", qg, k.float()) * sm_scale
-    if causal:
-        i = torch.arange(qo_len, device=q.device)[:, None]
-        j = torch.arange(kv_len, device=q.device)[None, :]
-        logits = logits.masked_fill(j > i + kv_len - qo_len, -math.inf)
-    p = torch.softmax(logits, -1).nan_to_num(0.0)
-    return torch.einsum("kgij,jkd->ikgd", p, v.float()).reshape(qo_len, hq, d)
 
 
 def prefill_inputs(t, axes, dtype, device, gen):
@@ -523,7 +551,7 @@ def batch_prefill_reference(
             head_dim_qk,
         )
         lo, hi = int(qo_indptr[b]), int(qo_indptr[b + 1])
-        out[lo:hi] = prefill_attend(q[lo:hi], k, v, causal)
+        out[lo:hi] = attention(q[lo:hi], k, v, causal)[0]
     return {"out": out}
 
 
@@ -532,12 +560,12 @@ def ragged_prefill_reference(q, k, v, qo_indptr, kv_indptr, num_qo_heads, num_kv
     for b in range(qo_indptr.numel() - 1):
         lo, hi = int(qo_indptr[b]), int(qo_indptr[b + 1])
         klo, khi = int(kv_indptr[b]), int(kv_indptr[b + 1])
-        out[lo:hi] = prefill_attend(q[lo:hi], k[klo:khi], v[klo:khi], causal)
+        out[lo:hi] = attention(q[lo:hi], k[klo:khi], v[klo:khi], causal)[0]
     return {"out": out}
 
 
 def single_prefill_reference(q, k, v, causal):
-    return {"out": prefill_attend(q, k, v, causal)}
+    return {"out": attention(q, k, v, causal)[0]}
 
 
 PREFILL_OPTIONS = {
@@ -588,6 +616,7 @@ def prefill_examples(workloads, paged: bool) -> tuple[Example, ...]:
 
 BATCH_PREFILL = TraceTemplate(
     name="batch_prefill",
+    target="//ops/attention:prefill",
     description="prompts of qo_len tokens attend causally to their paged KV caches (GQA, NHD, plan/run)",
     axes={
         "batch_size": var("requests"),
@@ -633,6 +662,7 @@ BATCH_PREFILL = TraceTemplate(
 
 BATCH_PREFILL_RAGGED = TraceTemplate(
     name="batch_prefill_ragged",
+    target="//ops/attention:prefill",
     description="prompts of qo_len tokens attend causally to their contiguous K/V (GQA, plan/run)",
     axes={"batch_size": var("requests"), "qo_len": var("query tokens per request (= kv_len)"), **HEAD_AXES},
     inputs={
@@ -658,6 +688,7 @@ BATCH_PREFILL_RAGGED = TraceTemplate(
 
 SINGLE_PREFILL = TraceTemplate(
     name="single_prefill",
+    target="//ops/attention:prefill",
     description="one prompt of qo_len tokens attends causally to its contiguous K/V (NHD)",
     axes={"qo_len": var("query tokens (= kv_len)"), **HEAD_AXES},
     inputs={

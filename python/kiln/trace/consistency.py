@@ -1,4 +1,4 @@
-"""Does a trace template still describe its API? (R8.11) Used by the tests; each problem names
+"""Does a trace template still describe its API? Used by the tests; each problem names
 the API, the parameter and what to change.
 
 Checked against the decorated function's signature (`plan`'s too for plan/run APIs):

@@ -1,4 +1,4 @@
-"""Realistic shapes for trace examples (R3.16): the models kiln is tuned for, and the token,
+"""Realistic shapes for trace examples: the models kiln is tuned for, and the token,
 batch and sequence-length values seen in decode and prefill.
 
 Numbers come from each model's published config.json (named in `source`). Templates turn them

@@ -35,7 +35,7 @@ def norm_examples(models: tuple[Model, ...]) -> tuple[Example, ...]:
         for m in models for phase, tokens in phases)
 
 
-def rms_norm_float64(x, weight, eps, weight_offset):
+def rms_norm_float64(x, weight, eps, weight_offset=0.0):
     x = x.double()
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (weight.double() + weight_offset)
 
@@ -60,6 +60,7 @@ def gemma_fused_add_rmsnorm_reference(input, residual, weight, eps):
 
 RMSNORM = TraceTemplate(
     name="rmsnorm",
+    target="//ops:norm",
     description="out = input / sqrt(mean(input^2, -1) + eps) * weight",
     axes=AXES,
     inputs={"input": ROWS, "weight": WEIGHT, "eps": EPS},
@@ -72,6 +73,7 @@ RMSNORM = TraceTemplate(
 
 FUSED_ADD_RMSNORM = TraceTemplate(
     name="fused_add_rmsnorm",
+    target="//ops:norm",
     description="in place: residual += input; input = rmsnorm(residual, weight, eps)",
     axes=AXES,
     inputs={"input": ROWS, "residual": ROWS, "weight": WEIGHT, "eps": EPS},
@@ -84,6 +86,7 @@ FUSED_ADD_RMSNORM = TraceTemplate(
 
 GEMMA_RMSNORM = TraceTemplate(
     name="gemma_rmsnorm",
+    target="//ops:norm",
     description="out = input / sqrt(mean(input^2, -1) + eps) * (1 + weight)",
     axes=AXES,
     inputs={"input": ROWS, "weight": WEIGHT, "eps": EPS},
@@ -96,6 +99,7 @@ GEMMA_RMSNORM = TraceTemplate(
 
 GEMMA_FUSED_ADD_RMSNORM = TraceTemplate(
     name="gemma_fused_add_rmsnorm",
+    target="//ops:norm",
     description="in place: residual += input; input = gemma_rmsnorm(residual, weight, eps)",
     axes=AXES,
     inputs={"input": ROWS, "residual": ROWS, "weight": WEIGHT, "eps": EPS},

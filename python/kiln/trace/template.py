@@ -1,4 +1,4 @@
-"""Trace templates: the workload a public API describes about itself (R3.14-16).
+"""Trace templates: the workload a public API describes about itself.
 
 A template names the API's axes (variable per call, or constant for one model), its inputs and
 outputs with shapes in those axes and their dtypes, a reference implementation in plain torch and
@@ -157,6 +157,7 @@ class TraceTemplate:
     # of the workload (layout switches, return_lse), each with why
     make_inputs: MakeInputs | None = None  # makes the inputs that are not random floats
     # (indices, lengths); returns {name: value} for those only
+    target: str = ""  # the build-graph label whose kernels run the API ("//ops:norm")
 
     def __post_init__(self):
         probe = dict.fromkeys(self.axes, 1)

@@ -1,9 +1,8 @@
-"""Building paged KV caches for tests, and an independent float32 reference for decode attention
-(plain softmax(q k^T) v over the gathered pages; written without looking at the kernels)."""
+"""Building paged KV caches for tests. The reference the tests compare with is the one every
+layer shares: kiln.trace.attention.attention (decode: attend)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -44,24 +43,3 @@ def make_paged(kv_lens, page_size, kv_heads, head_dim, dtype, device, layout="NH
     last = [n - (p - 1) * page_size if p else 0 for n, p in zip(kv_lens, pages_per, strict=True)]
     return PagedBatch(both[:, 0], both[:, 1], indptr.to(device), indices.to(device),
                       torch.tensor(last, dtype=torch.int32, device=device), list(kv_lens), page_size, layout)
-
-
-def reference_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale=None, soft_cap=None,
-                     window_left=-1):
-    """q [Hq, D], k/v [L, Hk, D] -> (out [Hq, D] float32, lse [Hq] float32 in base 2)."""
-    hq, d = q.shape
-    length, hk = k.shape[0], k.shape[1]
-    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
-    kf = k.float().repeat_interleave(hq // hk, dim=1)
-    vf = v.float().repeat_interleave(hq // hk, dim=1)
-    logits = torch.einsum("hd,thd->ht", q.float(), kf) * sm_scale
-    if soft_cap:
-        logits = soft_cap * torch.tanh(logits / soft_cap)
-    if window_left >= 0:
-        pos = torch.arange(length, device=q.device)
-        logits = logits.masked_fill(pos[None, :] < length - 1 - window_left, -math.inf)
-    if length == 0:
-        return torch.zeros(hq, d, device=q.device), torch.full((hq,), -math.inf, device=q.device)
-    lse = torch.logsumexp(logits, dim=-1)
-    out = torch.einsum("ht,thd->hd", torch.softmax(logits, dim=-1), vf)
-    return out, lse / math.log(2)

@@ -12,10 +12,11 @@ import torch
 from helpers import device_params
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from paged import make_paged, reference_decode
+from paged import make_paged
 
 import kiln
 from kiln._decode_schedule import MIN_CHUNK, schedule
+from kiln.trace.attention import attend as reference_decode
 
 DTYPES = [torch.float16, torch.bfloat16]
 # Output rounded once to the dtype (half an ulp relative: 2^-11, 2^-8) on top of float32

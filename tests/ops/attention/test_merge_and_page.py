@@ -9,9 +9,11 @@ import math
 import pytest
 import torch
 from helpers import device_params
-from paged import make_paged, reference_decode
+from paged import make_paged
 
 import kiln
+from kiln.trace.attention import attend as reference_decode
+from kiln.trace.attention import merge_float as ref_merge
 
 
 def states(seq, num, heads, d, dtype, device, gen):
@@ -19,14 +21,6 @@ def states(seq, num, heads, d, dtype, device, gen):
     s = (4 * torch.randn(seq, num, heads, generator=gen)).to(device)
     s[0, 0, 0] = -math.inf  # an empty state contributes nothing
     return v, s
-
-
-def ref_merge(v, s):
-    """v [seq, n, H, D], s [seq, n, H] (base 2) -> merged (v, s) in float32."""
-    s_nat = s.float() * math.log(2)
-    lse = torch.logsumexp(s_nat, dim=1)
-    w = torch.exp(s_nat - lse[:, None]).nan_to_num(0.0)
-    return torch.einsum("snh,snhd->shd", w, v.float()), lse / math.log(2)
 
 
 @pytest.mark.parametrize("device", device_params())

@@ -6,7 +6,6 @@ empty and one-token requests, paged == ragged == single, property tests and bad 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 
 import pytest
@@ -17,33 +16,10 @@ from hypothesis import strategies as st
 from paged import make_paged
 
 import kiln
+from kiln.trace.attention import attention as reference
 
 # The kernel rounds P to the dtype for P V and the output once; the reference is float32.
 TOL = {torch.float16: (4e-3, 4e-3), torch.bfloat16: (2.5e-2, 2.5e-2)}
-
-
-def reference(q, k, v, causal=False, window_left=-1, soft_cap=None, sm_scale=None):
-    """q [qo, Hq, D], k/v [kv, Hk, D] -> (out float32, lse base 2)."""
-    qo, hq, d = q.shape
-    kv, hk = k.shape[0], k.shape[1]
-    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
-    kf = k.float().repeat_interleave(hq // hk, 1)
-    vf = v.float().repeat_interleave(hq // hk, 1)
-    logits = torch.einsum("ihd,jhd->hij", q.float(), kf) * sm_scale
-    if soft_cap:
-        logits = soft_cap * torch.tanh(logits / soft_cap)
-    pos = torch.arange(qo, device=q.device)[:, None] + kv - qo
-    key = torch.arange(kv, device=q.device)[None, :]
-    visible = torch.ones(qo, kv, dtype=torch.bool, device=q.device)
-    if causal:
-        visible &= key <= pos
-    if window_left >= 0:
-        visible &= key >= pos - window_left
-    logits = logits.masked_fill(~visible, -math.inf)
-    lse = torch.logsumexp(logits, -1)
-    p = torch.softmax(logits, -1).nan_to_num(0.0)
-    out = torch.einsum("hij,jhd->ihd", p, vf)
-    return out, (lse / math.log(2)).transpose(0, 1)
 
 
 def check(out, lse, ref_out, ref_lse, dtype):
@@ -260,15 +236,16 @@ def test_paged_stale_nan_slots_do_not_leak(backend, layout, head_dim):
         check(out[lo:hi], lse[lo:hi], *reference(q[lo:hi], *keep[b], causal=True), torch.bfloat16)
 
 
-def test_schedule_covers_every_query_once_longest_first():
-    from kiln.prefill import QUERIES_PER_ITEM, schedule
+@pytest.mark.parametrize("tile", [128, 64])
+def test_schedule_covers_every_query_once_longest_first(tile):
+    from kiln.prefill import schedule
 
     qo, kv = torch.tensor([130, 0, 64, 1]), torch.tensor([130, 5, 1000, 1])
-    request, q_start = schedule(qo, kv, causal=True)
+    request, q_start = schedule(qo, kv, True, tile)
     covered = sorted(
         (int(r), int(s) + i)
         for r, s in zip(request, q_start, strict=True)
-        for i in range(QUERIES_PER_ITEM)
+        for i in range(tile)
         if int(s) + i < int(qo[int(r)])
     )
     assert covered == [(b, i) for b in range(4) for i in range(int(qo[b]))]
@@ -420,17 +397,18 @@ def test_auto_backend_picks_fa3_on_sm90_only(monkeypatch):
     cuda = torch.device("cuda", 0)
     cpu = torch.device("cpu")
     monkeypatch.delenv("KILN_PREFILL_FA3_STRICT", raising=False)
-    for cc, expected in (((9, 0), 1), ((8, 0), 0), ((8, 9), 0), ((10, 0), 0), ((12, 0), 0)):
+    for cc, expected in (((9, 0), "fa3"), ((8, 0), "fa2"), ((8, 9), "fa2"), ((10, 0), "fa2"),
+                         ((12, 0), "fa2")):
         monkeypatch.setattr(_attention.utils, "compute_capability", lambda device, cc=cc: cc)
         _attention._is_sm90.cache_clear()
         assert _attention.prefill_kernel("auto", cuda, "api") == expected, cc
-        assert _attention.prefill_kernel("fa2", cuda, "api") == 0
-    assert _attention.prefill_kernel("auto", cpu, "api") == 0
+        assert _attention.prefill_kernel("fa2", cuda, "api") == "fa2"
+    assert _attention.prefill_kernel("auto", cpu, "api") == "fa2"
     # KILN_PREFILL_FA3_STRICT turns auto's fallback on 9.0 into an error too (docs/env.md).
     monkeypatch.setenv("KILN_PREFILL_FA3_STRICT", "1")
     monkeypatch.setattr(_attention.utils, "compute_capability", lambda device: (9, 0))
     _attention._is_sm90.cache_clear()
-    assert _attention.prefill_kernel("auto", cuda, "api") == 2
-    assert _attention.prefill_kernel("fa2", cuda, "api") == 0
+    assert _attention.prefill_kernel("auto", cuda, "api") == "fa3_strict"
+    assert _attention.prefill_kernel("fa2", cuda, "api") == "fa2"
     monkeypatch.undo()
     _attention._is_sm90.cache_clear()  # the real answer again for later tests

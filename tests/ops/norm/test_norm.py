@@ -11,17 +11,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kiln
+from kiln.trace.norm import rms_norm_float64 as ref_rmsnorm
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Tolerance per dtype: the kernel rounds once at the output (half an ulp: 2^-24, 2^-11, 2^-8
 # relative) on top of float32 accumulation; the bound allows one ulp plus accumulation-order error.
 TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 8e-3)}
-
-
-def ref_rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
-    """Independent float64 reference: x / sqrt(mean(x^2) + eps) * (w + offset)."""
-    xd = x.double()
-    return xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * (w.double() + offset)
 
 
 def check(out: torch.Tensor, ref: torch.Tensor):
@@ -205,18 +200,23 @@ def test_binding_takes_any_dlpack_producer_and_rejects_non_tensors():
     from kiln import _jit
 
     mod = _jit.module_for("//ops:norm", (("dtype", "f32"),), x.device)
+    call = lambda out, input, weight: mod.rmsnorm(out=out, input=input, weight=weight, eps=1e-6,  # noqa: E731
+                                                  weight_offset=0.0)
     with pytest.raises(BufferError):
-        mod.rmsnorm(_jit.dl(x), _jit.dl(x), FakeCuda(), 1e-6, 0.0, 0)
+        call(_jit.dl(x), _jit.dl(x), FakeCuda())
     with pytest.raises(TypeError, match="weight must be a tensor"):
-        mod.rmsnorm(_jit.dl(x), _jit.dl(x), 3, 1e-6, 0.0, 0)
+        call(_jit.dl(x), _jit.dl(x), 3)
     used = _jit.dl(w)
     torch.from_dlpack(used)  # consumes the capsule
     with pytest.raises(TypeError, match="already consumed"):
-        mod.rmsnorm(_jit.dl(x), _jit.dl(x), used, 1e-6, 0.0, 0)
-    # Any __dlpack__ producer works, not only capsules (R8.1): numpy arrays here.
+        call(_jit.dl(x), _jit.dl(x), used)
+    # Any __dlpack__ producer works, not only capsules: numpy arrays here.
     out = torch.empty_like(x)
-    mod.rmsnorm(_jit.dl(out), x.numpy(), w.numpy(), 1e-6, 0.0, 0)
+    call(_jit.dl(out), x.numpy(), w.numpy())
     check(out, ref_rmsnorm(x, w, 1e-6))
+    # Arguments are keyword-only: a positional call (where a swapped pair would go unnoticed) fails.
+    with pytest.raises(TypeError, match="incompatible function arguments"):
+        mod.rmsnorm(_jit.dl(out), _jit.dl(x), _jit.dl(w), 1e-6, 0.0)
 
 
 # ---- framework integration --------------------------------------------------------------------

@@ -1,10 +1,7 @@
-// //ops:attention, CUDA backend: the entry points of attention.h for this module's dtype,
-// head_dim and soft-cap flag. Copied into the specialisation's generated directory.
+// //ops/attention:prefill, CUDA backend: prefill() of attention.h for this module's dtype, head_dim
+// and soft-cap flag. Copied into the specialisation's generated directory.
 #include <string>
 
-#include "ops/attention/decode.cuh"
-#include "ops/attention/merge.cuh"
-#include "ops/attention/page.cuh"
 #include "ops/attention/prefill.cuh"
 #include "ops/attention/prefill_sm90.cuh"
 #include "spec_config.h"
@@ -13,10 +10,6 @@ namespace kiln::attention {
 
 using T = spec::dtype;
 constexpr int kHeadDim = static_cast<int>(spec::head_dim);
-
-Status decode(const DecodeParams& p, LaunchContext ctx) {
-  return launch_decode<T, kHeadDim, spec::soft_cap>(p, ctx);
-}
 
 // The sm90a kernel where the call asks for it and it can serve it (a 9.0a build on a 9.0 device,
 // TMA-compatible strides, a page size it tiles, tensor maps the driver accepts); the FA2 kernel
@@ -38,18 +31,6 @@ Status prefill(const PrefillParams& p, LaunchContext ctx) {
     }
   }
   return launch_prefill<T, kHeadDim, spec::soft_cap>(p, ctx);
-}
-
-Status merge_states(const MergeParams& p, LaunchContext ctx) {
-  return launch_merge_states<T, kHeadDim>(p, ctx);
-}
-
-Status merge_two(const MergeTwoParams& p, LaunchContext ctx) {
-  return launch_merge_two<T, kHeadDim>(p, ctx);
-}
-
-Status append_paged_kv(const AppendParams& p, LaunchContext ctx) {
-  return launch_append_paged_kv<T, kHeadDim>(p, ctx);
 }
 
 }  // namespace kiln::attention

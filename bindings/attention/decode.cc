@@ -1,0 +1,106 @@
+// //ops/attention:decode launcher: validates the tensors, builds DecodeParams (ops/attention/
+// attention.h) and calls the backend on the caller's stream. Every argument is keyword-only, so a
+// swapped pair of arguments is an error, never a silent mix-up.
+//
+//   decode(*, q, k_cache, v_cache, kv_layout, page_indptr, page_indices, work_request,
+//          work_token_begin, work_token_end, work_out_index, merge_request, merge_indptr, out,
+//          lse, partial_out, partial_lse, sm_scale, soft_cap, stream=0)
+//   heads_per_cta(group_size) -> int    the kernel's query heads per CTA (for the schedule)
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+
+#include "bindings/attention/common.h"
+
+namespace {
+
+namespace py = pybind11;
+namespace kb = kiln::bindings;
+using namespace kiln::bindings::attention;
+using kb::TensorView;
+using kb::value_error;
+
+void decode(py::handle q_obj, py::handle k_obj, py::handle v_obj, const std::string& layout, py::handle indptr_obj,
+            py::handle indices_obj, py::handle work_request, py::handle work_begin, py::handle work_end,
+            py::handle work_out, py::handle merge_request, py::handle merge_indptr, py::handle out_obj,
+            py::handle lse_obj, py::handle partial_out_obj, py::handle partial_lse_obj, double sm_scale,
+            double soft_cap, uintptr_t stream) {
+  const TensorView q = elem_view(q_obj, "q", 3, nullptr);
+  const TensorView indptr = index_view(indptr_obj, "indptr", q);
+  const TensorView indices = index_view(indices_obj, "indices", q);
+  const Cache cache = paged_cache(k_obj, v_obj, layout, indptr, indices, q);
+  const int64_t batch = q.size(0), num_qo_heads = q.size(1);
+  check_heads(num_qo_heads, cache);
+  if (indptr.size(0) < batch + 1) {
+    value_error("indptr has " + std::to_string(indptr.size(0)) + " entries; q's batch of " + std::to_string(batch) +
+                " needs " + std::to_string(batch + 1));
+  }
+  const TensorView wr = index_view(work_request, "work_request", q), wb = index_view(work_begin, "work_token_begin", q);
+  const TensorView we = index_view(work_end, "work_token_end", q), wo = index_view(work_out, "work_out_index", q);
+  const TensorView mr = index_view(merge_request, "merge_request", q);
+  const TensorView mi = index_view(merge_indptr, "merge_indptr", q);
+  for (const TensorView* t : {&wb, &we, &wo}) kb::check_same_shape(*t, wr);
+  if (mi.size(0) != mr.size(0) + 1) value_error("merge_indptr must have merge_request.shape[0] + 1 entries");
+  TensorView out = elem_view(out_obj, "out", 3, &q);
+  kb::check_same_shape(out, q);
+  kiln::attention::DecodeParams p{};
+  if (!lse_obj.is_none()) {
+    const TensorView lse = float_view(lse_obj, "lse", 2, q);
+    check_lse(lse, batch, num_qo_heads);
+    p.lse = static_cast<float*>(lse.data);
+    p.lse_stride_b = lse.stride(0);
+  }
+  if (mr.size(0) > 0 || !partial_out_obj.is_none()) {
+    const TensorView po = float_view(partial_out_obj, "partial_out", 3, q);
+    const TensorView pl = float_view(partial_lse_obj, "partial_lse", 2, q);
+    if (po.size(1) != num_qo_heads || po.size(2) != kHeadDim || pl.size(0) != po.size(0) ||
+        pl.size(1) != num_qo_heads || po.stride(0) != num_qo_heads * kHeadDim || po.stride(1) != kHeadDim ||
+        pl.stride(0) != num_qo_heads) {
+      value_error("partial_out/partial_lse must be contiguous [slots, num_qo_heads, head_dim] / [slots, num_qo_heads]");
+    }
+    p.partial_out = static_cast<float*>(po.data);
+    p.partial_lse = static_cast<float*>(pl.data);
+  }
+  check_scales<kiln::spec::soft_cap>(sm_scale, soft_cap);
+  p.q = q.data;
+  p.q_stride_b = q.stride(0);
+  p.q_stride_h = q.stride(1);
+  p.kv = cache.kv;
+  p.num_qo_heads = num_qo_heads;
+  p.num_kv_heads = cache.num_kv_heads;
+  p.work_request = ptr<int32_t>(wr);
+  p.work_token_begin = ptr<int32_t>(wb);
+  p.work_token_end = ptr<int32_t>(we);
+  p.work_out_index = ptr<int32_t>(wo);
+  p.work_capacity = wr.size(0);
+  p.merge_request = ptr<int32_t>(mr);
+  p.merge_indptr = ptr<int32_t>(mi);
+  p.merge_capacity = mr.size(0);
+  p.out = out.data;
+  p.out_stride_b = out.stride(0);
+  p.out_stride_h = out.stride(1);
+  p.sm_scale = static_cast<float>(sm_scale);
+  p.soft_cap = static_cast<float>(soft_cap);
+  kiln::Status s;
+  {
+    py::gil_scoped_release no_gil;
+    s = kiln::attention::decode(p, context(q, stream));
+  }
+  raise_if_failed(s);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(KILN_MODULE_NAME, m) {
+  m.doc() = "kiln //ops/attention:decode launcher for one dtype, head_dim, soft-cap flag and backend";
+  m.attr("uri") = kiln::spec::kUri;
+  m.attr("head_dim") = kHeadDim;
+  m.def("heads_per_cta", &kiln::attention::heads_per_cta, py::arg("group_size"),
+        "query heads per CTA for a GQA group of this size (the decode schedule counts CTAs with it)");
+  m.def("decode", &decode, py::kw_only(), py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("kv_layout"),
+        py::arg("page_indptr"), py::arg("page_indices"), py::arg("work_request"), py::arg("work_token_begin"),
+        py::arg("work_token_end"), py::arg("work_out_index"), py::arg("merge_request"), py::arg("merge_indptr"),
+        py::arg("out"), py::arg("lse"), py::arg("partial_out"), py::arg("partial_lse"), py::arg("sm_scale"),
+        py::arg("soft_cap"), py::arg("stream") = 0);
+}

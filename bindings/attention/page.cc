@@ -1,0 +1,63 @@
+// //ops/attention:page launcher: appending tokens to a paged KV cache (ops/attention/attention.h,
+// AppendParams). Every argument is keyword-only.
+//
+//   append_paged_kv(*, append_key, append_value, batch_indices, positions, k_cache, v_cache,
+//                   kv_layout, kv_indptr, kv_indices, stream=0)
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+
+#include "bindings/attention/common.h"
+
+namespace {
+
+namespace py = pybind11;
+namespace kb = kiln::bindings;
+using namespace kiln::bindings::attention;
+using kb::TensorView;
+
+void append_paged_kv(py::handle key_obj, py::handle value_obj, py::handle batch_obj, py::handle pos_obj,
+                     py::handle k_obj, py::handle v_obj, const std::string& layout, py::handle indptr_obj,
+                     py::handle indices_obj, uintptr_t stream) {
+  const TensorView key = elem_view(key_obj, "append_key", 3, nullptr);
+  const TensorView value = elem_view(value_obj, "append_value", 3, &key);
+  kb::check_same_shape(value, key);
+  const TensorView batch = index_view(batch_obj, "batch_indices", key);
+  const TensorView pos = index_view(pos_obj, "positions", key);
+  kb::check_dim(batch, 0, key.size(0), "append_key.shape[0]");
+  kb::check_dim(pos, 0, key.size(0), "append_key.shape[0]");
+  const TensorView indptr = index_view(indptr_obj, "kv_indptr", key);
+  const TensorView indices = index_view(indices_obj, "kv_indices", key);
+  const Cache cache = paged_cache(k_obj, v_obj, layout, indptr, indices, key);
+  kb::check_dim(key, 1, cache.num_kv_heads, "the cache's kv heads");
+  kiln::attention::AppendParams p{};
+  p.key = key.data;
+  p.value = value.data;
+  p.key_stride_n = key.stride(0);
+  p.key_stride_h = key.stride(1);
+  p.value_stride_n = value.stride(0);
+  p.value_stride_h = value.stride(1);
+  p.batch_indices = ptr<int32_t>(batch);
+  p.positions = ptr<int32_t>(pos);
+  p.nnz = key.size(0);
+  p.num_kv_heads = cache.num_kv_heads;
+  p.kv = cache.kv;
+  kiln::Status st;
+  {
+    py::gil_scoped_release no_gil;
+    st = kiln::attention::append_paged_kv(p, context(key, stream));
+  }
+  raise_if_failed(st);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(KILN_MODULE_NAME, m) {
+  m.doc() = "kiln //ops/attention:page launcher (append to a paged KV cache) for one dtype, head_dim and backend";
+  m.attr("uri") = kiln::spec::kUri;
+  m.attr("head_dim") = kHeadDim;
+  m.def("append_paged_kv", &append_paged_kv, py::kw_only(), py::arg("append_key"), py::arg("append_value"),
+        py::arg("batch_indices"), py::arg("positions"), py::arg("k_cache"), py::arg("v_cache"), py::arg("kv_layout"),
+        py::arg("kv_indptr"), py::arg("kv_indices"), py::arg("stream") = 0);
+}

@@ -1,0 +1,103 @@
+// //ops/attention:prefill launcher: validates the tensors, builds PrefillParams (ops/attention/
+// attention.h) and calls the backend on the caller's stream. Every argument is keyword-only.
+//
+//   prefill(*, q, k_cache, v_cache, kv_layout, qo_indptr, kv_indptr, kv_indices, kv_len,
+//           work_request, work_q_start, out, lse, sm_scale, soft_cap, causal, window_left,
+//           kernel="fa2" | "fa3" | "fa3_strict", kv_contiguous=False, stream=0)
+//   queries_per_item    queries per work item (the plan's tile), attention.h's constant
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+
+#include "bindings/attention/common.h"
+
+namespace {
+
+namespace py = pybind11;
+namespace kb = kiln::bindings;
+namespace ka = kiln::attention;
+using namespace kiln::bindings::attention;
+using kb::TensorView;
+using kb::value_error;
+
+// FlashInfer's backend names, and "fa3_strict": fa3 with an error instead of a fallback (tests).
+int32_t kernel_code(const std::string& kernel) {
+  if (kernel == "fa2") return ka::kPrefillKernelFA2;
+  if (kernel == "fa3") return ka::kPrefillKernelFA3;
+  if (kernel == "fa3_strict") return ka::kPrefillKernelFA3Strict;
+  value_error("kernel must be 'fa2', 'fa3' or 'fa3_strict', got '" + kernel + "'");
+}
+
+void prefill(py::handle q_obj, py::handle k_obj, py::handle v_obj, const std::string& layout, py::handle qo_indptr_obj,
+             py::handle indptr_obj, py::handle indices_obj, py::handle kv_len_obj, py::handle work_request,
+             py::handle work_q_start, py::handle out_obj, py::handle lse_obj, double sm_scale, double soft_cap,
+             bool causal, int window_left, const std::string& kernel, bool kv_contiguous, uintptr_t stream) {
+  const TensorView q = elem_view(q_obj, "q", 3, nullptr);
+  const TensorView qo_indptr = index_view(qo_indptr_obj, "qo_indptr", q);
+  const TensorView indptr = index_view(indptr_obj, "kv_indptr", q);
+  const TensorView indices = index_view(indices_obj, "kv_indices", q);
+  const TensorView kv_len = index_view(kv_len_obj, "kv_len", q);
+  const Cache cache = paged_cache(k_obj, v_obj, layout, indptr, indices, q);
+  const int64_t batch = kv_len.size(0), num_qo_heads = q.size(1);
+  if (qo_indptr.size(0) != batch + 1 || indptr.size(0) < batch + 1) {
+    value_error("qo_indptr must have " + std::to_string(batch + 1) + " entries and kv_indptr at least that many");
+  }
+  check_heads(num_qo_heads, cache);
+  const TensorView wr = index_view(work_request, "work_request", q);
+  const TensorView wq = index_view(work_q_start, "work_q_start", q);
+  kb::check_same_shape(wq, wr);
+  TensorView out = elem_view(out_obj, "out", 3, &q);
+  kb::check_same_shape(out, q);
+  ka::PrefillParams p{};
+  if (!lse_obj.is_none()) {
+    const TensorView lse = float_view(lse_obj, "lse", 2, q);
+    check_lse(lse, q.size(0), num_qo_heads);
+    p.lse = static_cast<float*>(lse.data);
+    p.lse_stride_n = lse.stride(0);
+  }
+  check_scales<kiln::spec::soft_cap>(sm_scale, soft_cap);
+  if (window_left < -1) value_error("window_left must be -1 (no window) or >= 0, got " + std::to_string(window_left));
+  p.q = q.data;
+  p.q_stride_n = q.stride(0);
+  p.q_stride_h = q.stride(1);
+  p.qo_indptr = ptr<int32_t>(qo_indptr);
+  p.kv_len = ptr<int32_t>(kv_len);
+  p.kv = cache.kv;
+  p.num_qo_heads = num_qo_heads;
+  p.num_kv_heads = cache.num_kv_heads;
+  p.work_request = ptr<int32_t>(wr);
+  p.work_q_start = ptr<int32_t>(wq);
+  p.work_capacity = wr.size(0);
+  p.out = out.data;
+  p.out_stride_n = out.stride(0);
+  p.out_stride_h = out.stride(1);
+  p.sm_scale = static_cast<float>(sm_scale);
+  p.soft_cap = static_cast<float>(soft_cap);
+  p.causal = causal;
+  p.window_left = window_left;
+  p.kernel = kernel_code(kernel);
+  p.kv_contiguous = kv_contiguous;
+  p.kv_num_pages = cache.num_pages;
+  p.q_rows = q.size(0);
+  kiln::Status s;
+  {
+    py::gil_scoped_release no_gil;
+    s = ka::prefill(p, context(q, stream));
+  }
+  raise_if_failed(s);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(KILN_MODULE_NAME, m) {
+  m.doc() = "kiln //ops/attention:prefill launcher for one dtype, head_dim, soft-cap flag and backend";
+  m.attr("uri") = kiln::spec::kUri;
+  m.attr("head_dim") = kHeadDim;
+  m.attr("queries_per_item") = ka::kPrefillQueriesPerItem;
+  m.def("prefill", &prefill, py::kw_only(), py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("kv_layout"),
+        py::arg("qo_indptr"), py::arg("kv_indptr"), py::arg("kv_indices"), py::arg("kv_len"), py::arg("work_request"),
+        py::arg("work_q_start"), py::arg("out"), py::arg("lse"), py::arg("sm_scale"), py::arg("soft_cap"),
+        py::arg("causal"), py::arg("window_left"), py::arg("kernel") = "fa2", py::arg("kv_contiguous") = false,
+        py::arg("stream") = 0);
+}
