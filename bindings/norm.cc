@@ -72,16 +72,11 @@ void check_eps(double eps) {
   if (!std::isfinite(eps) || eps < 0) value_error("eps must be finite and >= 0, got " + std::to_string(eps));
 }
 
-// Do [a, a + bytes) and [b, b + bytes) overlap?
-bool overlaps(const TensorView& a, const TensorView& b) {
-  auto extent = [](const TensorView& t) {
-    int64_t last = 0;
-    for (int i = 0; i < t.ndim; ++i) last += (t.shape[i] - 1) * t.strides[i];
-    return (last + 1) * static_cast<int64_t>(sizeof(Elem));
-  };
-  if (a.numel() == 0 || b.numel() == 0) return false;
-  const auto pa = reinterpret_cast<uintptr_t>(a.data), pb = reinterpret_cast<uintptr_t>(b.data);
-  return pa < pb + extent(b) && pb < pa + extent(a);
+// `out` is `input` itself (in place: same elements, same strides) or shares no byte with it.
+bool same_view(const TensorView& a, const TensorView& b) {
+  bool same = a.data == b.data && a.ndim == b.ndim;
+  for (int i = 0; same && i < a.ndim; ++i) same = a.shape[i] == b.shape[i] && a.strides[i] == b.strides[i];
+  return same;
 }
 
 void raise_if_failed(const kiln::Status& s) {
@@ -122,6 +117,8 @@ void rmsnorm(py::handle out_obj, py::handle input_obj, py::handle weight_obj, do
   const TensorView input = checked_input(input_obj);
   TensorView out = view_of(out_obj, "out");
   check_rows(out, input);
+  kiln::bindings::check_no_internal_overlap(out);
+  if (!same_view(out, input)) kiln::bindings::check_disjoint(out, input);
   const TensorView weight = checked_weight(weight_obj, input);
   check_eps(eps);
   const auto p = params(out, input, nullptr, weight, eps, weight_offset);
@@ -138,7 +135,11 @@ void fused_add_rmsnorm(py::handle input_obj, py::handle residual_obj, py::handle
   const TensorView input = checked_input(input_obj);
   TensorView residual = view_of(residual_obj, "residual");
   check_rows(residual, input);
-  if (overlaps(input, residual)) value_error("input and residual must not overlap in memory");
+  // Both are written: neither may write one element twice (a stride-0, expanded residual), and
+  // they must not overlap each other.
+  kiln::bindings::check_no_internal_overlap(input);
+  kiln::bindings::check_no_internal_overlap(residual);
+  kiln::bindings::check_disjoint(input, residual);
   const TensorView weight = checked_weight(weight_obj, input);
   check_eps(eps);
   const auto p = params(input, input, &residual, weight, eps, weight_offset);

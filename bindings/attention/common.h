@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 
+#include "bindings/common/errors.h"
 #include "bindings/common/tensor_view.h"
 #include "ops/attention/attention.h"
 #include "ops/common/dtypes.h"
@@ -32,12 +33,13 @@ inline std::string module_what() {
 }
 
 inline void raise_if_failed(const kiln::Status& s) {
-  if (!s.ok()) throw std::runtime_error("kiln " + std::string(kiln::spec::kUri) + ": " + s.message);
+  kiln::bindings::raise_if_failed(s, kiln::spec::kUri);
 }
 
-inline kiln::LaunchContext context(const TensorView& t, uintptr_t stream) {
-  return {reinterpret_cast<void*>(stream), t.device.device_type == dl::kCPU ? -1 : t.device.device_id};
+inline kiln::LaunchContext context(const TensorView& t, uintptr_t stream, uintptr_t errors) {
+  return launch_context(t, stream, errors);
 }
+
 
 // A tensor of the module's dtype whose last dimension is head_dim and whose rows are 16-byte
 // vectors (pointer and every stride aligned), as the kernels read and write them.
@@ -55,6 +57,15 @@ inline TensorView elem_view(py::handle obj, const char* name, int ndim, const Te
     value_error(t.name +
                 " must be 16-byte aligned (data pointer and every stride); slice it along "
                 "leading dimensions only or call .contiguous()");
+  return t;
+}
+
+// An output of the module's dtype: elem_view, written by no two index tuples, and apart from
+// `input` (the tensor the kernel reads while it writes this one).
+inline TensorView out_view(py::handle obj, const char* name, int ndim, const TensorView& input) {
+  TensorView t = elem_view(obj, name, ndim, &input);
+  check_no_internal_overlap(t);
+  check_disjoint(t, input);
   return t;
 }
 
@@ -114,7 +125,10 @@ inline Cache paged_cache(py::handle k_obj, py::handle v_obj, const std::string& 
   c.num_pages = k.size(0);
   c.kv.page_indptr = ptr<int32_t>(indptr);
   c.kv.page_indices = ptr<int32_t>(indices);
+  c.kv.num_pages = c.num_pages;
+  c.kv.num_indices = indices.size(0);
   if (c.kv.page_size < 1) value_error("k_cache has page_size 0 (shape " + k.shape_str() + ")");
+  if (indptr.size(0) < 1) value_error("the page table's indptr has no entry (a batch of B needs B + 1)");
   return c;
 }
 

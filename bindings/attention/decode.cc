@@ -4,7 +4,8 @@
 //
 //   decode(*, q, k_cache, v_cache, kv_layout, page_indptr, page_indices, work_request,
 //          work_token_begin, work_token_end, work_out_index, merge_request, merge_indptr, out,
-//          lse, partial_out, partial_lse, sm_scale, soft_cap, stream=0)
+//          lse, partial_out, partial_lse, sm_scale, soft_cap, errors=0, stream=0)
+//   errors: the address of the device's index-error record (kiln/errors.py), 0 on the CPU
 //   heads_per_cta(group_size) -> int    the kernel's query heads per CTA (for the schedule)
 #include <pybind11/pybind11.h>
 
@@ -25,7 +26,7 @@ void decode(py::handle q_obj, py::handle k_obj, py::handle v_obj, const std::str
             py::handle indices_obj, py::handle work_request, py::handle work_begin, py::handle work_end,
             py::handle work_out, py::handle merge_request, py::handle merge_indptr, py::handle out_obj,
             py::handle lse_obj, py::handle partial_out_obj, py::handle partial_lse_obj, double sm_scale,
-            double soft_cap, uintptr_t stream) {
+            double soft_cap, uintptr_t errors, uintptr_t stream) {
   const TensorView q = elem_view(q_obj, "q", 3, nullptr);
   const TensorView indptr = index_view(indptr_obj, "indptr", q);
   const TensorView indices = index_view(indices_obj, "indices", q);
@@ -42,12 +43,13 @@ void decode(py::handle q_obj, py::handle k_obj, py::handle v_obj, const std::str
   const TensorView mi = index_view(merge_indptr, "merge_indptr", q);
   for (const TensorView* t : {&wb, &we, &wo}) kb::check_same_shape(*t, wr);
   if (mi.size(0) != mr.size(0) + 1) value_error("merge_indptr must have merge_request.shape[0] + 1 entries");
-  TensorView out = elem_view(out_obj, "out", 3, &q);
+  TensorView out = out_view(out_obj, "out", 3, q);
   kb::check_same_shape(out, q);
   kiln::attention::DecodeParams p{};
   if (!lse_obj.is_none()) {
     const TensorView lse = float_view(lse_obj, "lse", 2, q);
     check_lse(lse, batch, num_qo_heads);
+    kb::check_no_internal_overlap(lse);
     p.lse = static_cast<float*>(lse.data);
     p.lse_stride_b = lse.stride(0);
   }
@@ -85,7 +87,7 @@ void decode(py::handle q_obj, py::handle k_obj, py::handle v_obj, const std::str
   kiln::Status s;
   {
     py::gil_scoped_release no_gil;
-    s = kiln::attention::decode(p, context(q, stream));
+    s = kiln::attention::decode(p, context(q, stream, errors));
   }
   raise_if_failed(s);
 }
@@ -96,11 +98,12 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
   m.doc() = "kiln //ops/attention:decode launcher for one dtype, head_dim, soft-cap flag and backend";
   m.attr("uri") = kiln::spec::kUri;
   m.attr("head_dim") = kHeadDim;
+  kb::export_error_texts(m);
   m.def("heads_per_cta", &kiln::attention::heads_per_cta, py::arg("group_size"),
         "query heads per CTA for a GQA group of this size (the decode schedule counts CTAs with it)");
   m.def("decode", &decode, py::kw_only(), py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("kv_layout"),
         py::arg("page_indptr"), py::arg("page_indices"), py::arg("work_request"), py::arg("work_token_begin"),
         py::arg("work_token_end"), py::arg("work_out_index"), py::arg("merge_request"), py::arg("merge_indptr"),
         py::arg("out"), py::arg("lse"), py::arg("partial_out"), py::arg("partial_lse"), py::arg("sm_scale"),
-        py::arg("soft_cap"), py::arg("stream") = 0);
+        py::arg("soft_cap"), py::arg("errors") = 0, py::arg("stream") = 0);
 }

@@ -3,7 +3,7 @@
 //
 //   prefill(*, q, k_cache, v_cache, kv_layout, qo_indptr, kv_indptr, kv_indices, kv_len,
 //           work_request, work_q_start, out, lse, sm_scale, soft_cap, causal, window_left,
-//           kernel="fa2" | "fa3" | "fa3_strict", kv_contiguous=False, stream=0)
+//           kernel="fa2" | "fa3" | "fa3_strict", kv_contiguous=False, errors=0, stream=0)
 //   queries_per_item    queries per work item (the plan's tile), attention.h's constant
 #include <pybind11/pybind11.h>
 
@@ -32,7 +32,8 @@ int32_t kernel_code(const std::string& kernel) {
 void prefill(py::handle q_obj, py::handle k_obj, py::handle v_obj, const std::string& layout, py::handle qo_indptr_obj,
              py::handle indptr_obj, py::handle indices_obj, py::handle kv_len_obj, py::handle work_request,
              py::handle work_q_start, py::handle out_obj, py::handle lse_obj, double sm_scale, double soft_cap,
-             bool causal, int window_left, const std::string& kernel, bool kv_contiguous, uintptr_t stream) {
+             bool causal, int window_left, const std::string& kernel, bool kv_contiguous, uintptr_t errors,
+             uintptr_t stream) {
   const TensorView q = elem_view(q_obj, "q", 3, nullptr);
   const TensorView qo_indptr = index_view(qo_indptr_obj, "qo_indptr", q);
   const TensorView indptr = index_view(indptr_obj, "kv_indptr", q);
@@ -47,12 +48,13 @@ void prefill(py::handle q_obj, py::handle k_obj, py::handle v_obj, const std::st
   const TensorView wr = index_view(work_request, "work_request", q);
   const TensorView wq = index_view(work_q_start, "work_q_start", q);
   kb::check_same_shape(wq, wr);
-  TensorView out = elem_view(out_obj, "out", 3, &q);
+  TensorView out = out_view(out_obj, "out", 3, q);
   kb::check_same_shape(out, q);
   ka::PrefillParams p{};
   if (!lse_obj.is_none()) {
     const TensorView lse = float_view(lse_obj, "lse", 2, q);
     check_lse(lse, q.size(0), num_qo_heads);
+    kb::check_no_internal_overlap(lse);
     p.lse = static_cast<float*>(lse.data);
     p.lse_stride_n = lse.stride(0);
   }
@@ -83,7 +85,7 @@ void prefill(py::handle q_obj, py::handle k_obj, py::handle v_obj, const std::st
   kiln::Status s;
   {
     py::gil_scoped_release no_gil;
-    s = ka::prefill(p, context(q, stream));
+    s = ka::prefill(p, context(q, stream, errors));
   }
   raise_if_failed(s);
 }
@@ -95,9 +97,10 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
   m.attr("uri") = kiln::spec::kUri;
   m.attr("head_dim") = kHeadDim;
   m.attr("queries_per_item") = ka::kPrefillQueriesPerItem;
+  kb::export_error_texts(m);
   m.def("prefill", &prefill, py::kw_only(), py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("kv_layout"),
         py::arg("qo_indptr"), py::arg("kv_indptr"), py::arg("kv_indices"), py::arg("kv_len"), py::arg("work_request"),
         py::arg("work_q_start"), py::arg("out"), py::arg("lse"), py::arg("sm_scale"), py::arg("soft_cap"),
         py::arg("causal"), py::arg("window_left"), py::arg("kernel") = "fa2", py::arg("kv_contiguous") = false,
-        py::arg("stream") = 0);
+        py::arg("errors") = 0, py::arg("stream") = 0);
 }

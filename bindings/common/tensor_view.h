@@ -8,8 +8,10 @@
 
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "bindings/common/dlpack.h"
 #include "ops/common/dtypes.h"
@@ -204,6 +206,101 @@ inline void check_backend_device(const TensorView& t) {
   const char* want = "the CPU (this is a host-backend module)";
 #endif
   if (!ok) value_error(t.name + " is on " + t.device_str() + "; expected " + want);
+}
+
+// No two index tuples of `t` address the same element: an output written through it must not
+// write one element twice (a stride-0, expanded view, or strides that make rows overlap).
+inline void check_no_internal_overlap(const TensorView& t) {
+  int order[kMaxDims];
+  int n = 0;
+  for (int i = 0; i < t.ndim; ++i) {
+    if (t.shape[i] == 0) return;  // no element at all
+    if (t.shape[i] > 1) order[n++] = i;
+  }
+  for (int a = 1; a < n; ++a) {  // dimensions by increasing stride
+    for (int b = a; b > 0 && t.strides[order[b]] < t.strides[order[b - 1]]; --b) std::swap(order[b], order[b - 1]);
+  }
+  int64_t extent = 1;  // elements spanned by the faster dimensions
+  for (int k = 0; k < n; ++k) {
+    const int d = order[k];
+    if (t.strides[d] < extent) {
+      value_error(t.name + " has overlapping elements (shape " + t.shape_str() + ", stride " +
+                  std::to_string(t.strides[d]) + " in dimension " + std::to_string(d) +
+                  "): an output must not be an expanded or self-overlapping view; pass a tensor of its own");
+    }
+    extent = t.strides[d] * (t.shape[d] - 1) + extent;
+  }
+}
+
+// The byte range [first, last] a view spans (an empty view spans nothing: first > last).
+inline void byte_span(const TensorView& t, uintptr_t* first, uintptr_t* last) {
+  const int64_t elem = (t.dtype.bits * t.dtype.lanes + 7) / 8;
+  int64_t lo = 0, hi = 0;
+  for (int i = 0; i < t.ndim; ++i) {
+    if (t.shape[i] == 0) {
+      *first = 1, *last = 0;
+      return;
+    }
+    const int64_t reach = t.strides[i] * (t.shape[i] - 1);
+    (reach < 0 ? lo : hi) += reach;
+  }
+  *first = reinterpret_cast<uintptr_t>(t.data) + lo * elem;
+  *last = reinterpret_cast<uintptr_t>(t.data) + hi * elem + elem - 1;
+}
+
+namespace detail {
+inline int64_t floor_div(int64_t x, int64_t y) {
+  return x / y - ((x % y != 0) && ((x < 0) != (y < 0)));
+}
+
+// Is there c with |c[k]| <= shape[k] - 1 and sum c[k] * stride[k] == d over dims[k..], which are
+// sorted by decreasing stride, each larger than the extent of the ones after it? That extent is
+// below one stride, so at most two digits of each dimension can work: the search is 2^ndim at most.
+inline bool offset_reachable(const TensorView& t, const int* dims, int n, int k, int64_t d) {
+  if (k == n) return d == 0;
+  const int64_t s = t.strides[dims[k]], m = t.shape[dims[k]] - 1;
+  int64_t below = 0;
+  for (int j = k + 1; j < n; ++j) below += t.strides[dims[j]] * (t.shape[dims[j]] - 1);
+  const int64_t lo = std::max(-m, -floor_div(below - d, s)), hi = std::min(m, floor_div(d + below, s));
+  for (int64_t c = lo; c <= hi; ++c) {
+    if (offset_reachable(t, dims, n, k + 1, d - c * s)) return true;
+  }
+  return false;
+}
+}  // namespace detail
+
+// Do `a` and `b` share a byte? Exact for two views of one layout (the same shape and strides, as
+// the K and V halves of one [pages, 2, ...] cache are, interleaved but apart); otherwise any
+// intersection of the byte ranges they span counts.
+inline bool views_overlap(const TensorView& a, const TensorView& b) {
+  uintptr_t a0, a1, b0, b1;
+  byte_span(a, &a0, &a1);
+  byte_span(b, &b0, &b1);
+  if (a0 > a1 || b0 > b1 || a1 < b0 || b1 < a0) return false;
+  bool same_layout = a.ndim == b.ndim && a.dtype == b.dtype;
+  for (int i = 0; same_layout && i < a.ndim; ++i)
+    same_layout = a.shape[i] == b.shape[i] && a.strides[i] == b.strides[i];
+  const int64_t elem = (a.dtype.bits * a.dtype.lanes + 7) / 8;
+  const int64_t diff = static_cast<int64_t>(reinterpret_cast<uintptr_t>(b.data) - reinterpret_cast<uintptr_t>(a.data));
+  if (!same_layout || diff % elem != 0) return true;
+  int dims[kMaxDims], n = 0;
+  for (int i = 0; i < a.ndim; ++i) {
+    if (a.shape[i] > 1) dims[n++] = i;
+  }
+  for (int x = 1; x < n; ++x) {  // by decreasing stride
+    for (int y = x; y > 0 && a.strides[dims[y]] > a.strides[dims[y - 1]]; --y) std::swap(dims[y], dims[y - 1]);
+  }
+  int64_t extent = 0;  // nested strides, or no exact answer: count it as an overlap
+  for (int k = n - 1; k >= 0; --k) {
+    if (a.strides[dims[k]] <= extent) return true;
+    extent += a.strides[dims[k]] * (a.shape[dims[k]] - 1);
+  }
+  return detail::offset_reachable(a, dims, n, 0, diff / elem);
+}
+
+// `a` and `b` share no byte (one is written while the other is read or written).
+inline void check_disjoint(const TensorView& a, const TensorView& b) {
+  if (views_overlap(a, b)) value_error(a.name + " and " + b.name + " overlap in memory; they must be separate tensors");
 }
 
 inline void check_element_aligned(const TensorView& t, int64_t elem_bytes) {

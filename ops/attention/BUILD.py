@@ -51,8 +51,18 @@ op_library(
     release="all",
 )
 
+op_library(
+    name="positions",
+    doc="where appended tokens go (request and position): get_batch_indices_positions",
+    srcs=["positions_cuda.cu"],
+    host_srcs=["positions_host.cc"],
+    binding="bindings/attention/positions.cc",
+    archs=GPUS,
+    release="all",
+)
+
 op_group(
     name="attention",
-    doc="every attention op: decode, prefill, cascade, page",
-    targets=[":decode", ":prefill", ":cascade", ":page"],
+    doc="every attention op: decode, prefill, cascade, page, positions",
+    targets=[":decode", ":prefill", ":cascade", ":page", ":positions"],
 )

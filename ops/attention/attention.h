@@ -19,19 +19,42 @@
 
 #include <cstdint>
 
+#include "ops/common/device_error.h"
+#include "ops/common/macros.h"
 #include "ops/common/status.h"
 
 namespace kiln::attention {
 
+// Kernels read page ids only through page_at(): an entry of page_indices outside [0, num_indices)
+// or a page id outside [0, num_pages) is recorded (ops/common/device_error.h) and the token's work
+// skipped, never read through.
 struct PagedKV {
   const void* k;
   const void* v;
   int64_t k_page_stride, k_slot_stride, k_head_stride;
   int64_t v_page_stride, v_slot_stride, v_head_stride;
   const int32_t* page_indptr;   // [batch + 1]
-  const int32_t* page_indices;  // [pages]
+  const int32_t* page_indices;  // [num_indices]
   int64_t page_size;
+  int64_t num_pages;    // pages in the cache: valid page ids are [0, num_pages)
+  int64_t num_indices;  // entries of page_indices
 };
+
+// The page holding the request's `page`-th page (its token page * page_size ..), or -1 after
+// recording why not (the page table points past page_indices, or at no page of the cache).
+KILN_HOST_DEVICE int64_t page_at(const PagedKV& kv, int64_t request, int64_t first, int64_t page, int64_t* errors) {
+  const int64_t at = first + page;
+  if (at < 0 || at >= kv.num_indices) {
+    record_error(errors, ErrorCode::kPageSlot, request, at, kv.num_indices);
+    return -1;
+  }
+  const int64_t id = kv.page_indices[at];
+  if (id < 0 || id >= kv.num_pages) {
+    record_error(errors, ErrorCode::kPageId, at, id, kv.num_pages);
+    return -1;
+  }
+  return id;
+}
 
 // Decode runs one CTA per (work item, kv head, chunk of the GQA group): the chunk is the largest
 // divisor of the group size that fits the MMA's 16 rows. The binding exports this table, so the
@@ -143,15 +166,81 @@ struct MergeTwoParams {
   int64_t a_lse_row_stride, b_lse_row_stride, out_lse_row_stride;  // lse head stride is 1
 };
 
+// Append: token i goes to request batch_indices[i] (in [0, batch)) at position positions[i], which
+// must lie within the request's pages: [0, (pages - 1) * page_size + last_page_len[b]). A token
+// that breaks either is recorded and not written.
 struct AppendParams {
   const void* key;  // [nnz, num_kv_heads, head_dim]
   const void* value;
   int64_t key_stride_n, key_stride_h, value_stride_n, value_stride_h;
   const int32_t* batch_indices;  // [nnz]
   const int32_t* positions;      // [nnz]
-  int64_t nnz, num_kv_heads;
+  const int32_t* last_page_len;  // [batch]
+  int64_t nnz, num_kv_heads, batch;
   PagedKV kv;  // k/v are written through
 };
+
+// Where append token i goes: the page id and slot, or false after recording why it cannot be
+// written (both backends check through this one function).
+KILN_HOST_DEVICE bool append_target(const AppendParams& p, int64_t i, int64_t* errors, int64_t* page, int64_t* slot) {
+  const int64_t b = p.batch_indices[i];
+  if (b < 0 || b >= p.batch) {
+    record_error(errors, ErrorCode::kBatchIndex, i, b, p.batch);
+    return false;
+  }
+  const int64_t first = p.kv.page_indptr[b], pages = p.kv.page_indptr[b + 1] - first;
+  const int64_t last = p.last_page_len[b];
+  if (pages > 0 && (last < 1 || last > p.kv.page_size)) {
+    record_error(errors, ErrorCode::kLastPageLen, b, last, p.kv.page_size);
+    return false;
+  }
+  const int64_t kv_len = pages > 0 ? (pages - 1) * p.kv.page_size + last : 0;
+  const int64_t pos = p.positions[i];
+  if (pos < 0 || pos >= kv_len) {
+    record_error(errors, ErrorCode::kPosition, i, pos, kv_len);
+    return false;
+  }
+  *page = page_at(p.kv, b, first, pos / p.kv.page_size, errors);
+  *slot = pos % p.kv.page_size;
+  return *page >= 0;
+}
+
+// get_batch_indices_positions: token i of the packed appends belongs to the request b with
+// append_indptr[b] <= i < append_indptr[b + 1] and sits at position seq_lens[b] - (its count) +
+// (i - append_indptr[b]). An append_indptr that does not cover [0, nnz) in order, or a seq_len
+// shorter than the request's count, is recorded and gives -1 for the tokens concerned.
+struct PositionsParams {
+  const int32_t* append_indptr;  // [batch + 1]
+  const int32_t* seq_lens;       // [batch]
+  int64_t batch, nnz;
+  int32_t* batch_indices;  // [nnz], written
+  int32_t* positions;      // [nnz], written
+};
+
+KILN_HOST_DEVICE void token_position(const PositionsParams& p, int64_t i, int64_t* errors) {
+  if (i == 0) {  // one token also checks the whole indptr: its order is what the search assumes
+    for (int64_t b = 0; b < p.batch; ++b) {
+      if (p.append_indptr[b + 1] < p.append_indptr[b]) record_error(errors, ErrorCode::kAppendIndptr, i, 0, p.nnz);
+    }
+  }
+  int64_t lo = 0, hi = p.batch;  // the last b with append_indptr[b] <= i (any order: checked below)
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    (p.append_indptr[mid] <= i ? lo : hi) = mid;
+  }
+  const int64_t b = lo, begin = p.append_indptr[b], end = p.batch > 0 ? p.append_indptr[b + 1] : 0;
+  int32_t bi = -1, pos = -1;
+  if (p.batch == 0 || begin > i || i >= end || p.append_indptr[0] != 0 || p.append_indptr[p.batch] != p.nnz) {
+    record_error(errors, ErrorCode::kAppendIndptr, i, 0, p.nnz);
+  } else if (p.seq_lens[b] < end - begin) {
+    record_error(errors, ErrorCode::kNegativePosition, b, p.seq_lens[b], end - begin);
+  } else {
+    bi = static_cast<int32_t>(b);
+    pos = static_cast<int32_t>(p.seq_lens[b] - (end - begin) + (i - begin));
+  }
+  p.batch_indices[i] = bi;
+  p.positions[i] = pos;
+}
 
 // The split-KV merge of a decode call: its float32 partial slots [slots, num_qo_heads, head_dim]
 // merged per request into out/lse (both backends build it here).
@@ -182,5 +271,6 @@ Status prefill(const PrefillParams& p, LaunchContext ctx);
 Status merge_states(const MergeParams& p, LaunchContext ctx);  // v of the module's dtype
 Status merge_two(const MergeTwoParams& p, LaunchContext ctx);
 Status append_paged_kv(const AppendParams& p, LaunchContext ctx);
+Status batch_indices_positions(const PositionsParams& p, LaunchContext ctx);
 
 }  // namespace kiln::attention

@@ -1,7 +1,9 @@
-// Decode attention, merges and KV append on the CPU: the host backend of //ops:attention (see
-// attention.h). Runs the same work list as the CUDA backend (direct items and float32 partials,
-// then the merge), so split-KV plans are exercised wherever kiln runs. Float32 arithmetic; one
-// thread.
+// Decode and prefill attention, merges, KV appends and append positions on the CPU: the host
+// backend of the //ops/attention targets (see attention.h). Runs the same work list as the CUDA
+// backend (direct items and float32 partials, then the merge), so split-KV plans are exercised
+// wherever kiln runs. Float32 arithmetic; one thread. Every index a call reads is checked first,
+// with the kernels' own functions (page_at, append_target, token_position): a bad one returns
+// Status::IndexError before anything is read through it or written.
 #pragma once
 
 #include <algorithm>
@@ -18,6 +20,28 @@ namespace kiln::attention::host {
 template <typename T>
 float at(const void* base, int64_t offset) {
   return Convert<T>::to_float(static_cast<const T*>(base)[offset]);
+}
+
+// An error record like the device's (ops/common/device_error.h), turned into a Status.
+struct IndexCheck {
+  int64_t record[4] = {};
+  int64_t* errors() { return record; }
+  bool failed() const { return record[0] != 0; }
+  Status status() const {
+    if (!failed()) return Status::Ok();
+    return Status::IndexError(index_error(static_cast<ErrorCode>(record[0]), record[1], record[2], record[3]));
+  }
+};
+
+// Every page holding tokens [begin, end) of `request` is an entry of page_indices and a page of
+// the cache.
+inline Status check_pages(const PagedKV& kv, int64_t request, int64_t begin, int64_t end) {
+  IndexCheck check;
+  const int64_t first = kv.page_indptr[request];
+  for (int64_t page = begin / kv.page_size; page * kv.page_size < end; ++page) {
+    if (page_at(kv, request, first, page, check.errors()) < 0) break;
+  }
+  return check.status();
 }
 
 // Attention of one query head over tokens [begin, end) of `request`: o (unnormalised sum
@@ -63,6 +87,10 @@ Status prefill(const PrefillParams& p) {
   }
   const PagedKV& kv = p.kv;
   const int64_t group = p.num_qo_heads / p.num_kv_heads;
+  for (int64_t w = 0; w < p.work_capacity; ++w) {
+    if (p.work_request[w] < 0) continue;
+    if (Status st = check_pages(kv, p.work_request[w], 0, p.kv_len[p.work_request[w]]); !st.ok()) return st;
+  }
   std::vector<float> logits;
   for (int64_t w = 0; w < p.work_capacity; ++w) {
     const int64_t request = p.work_request[w];
@@ -139,6 +167,11 @@ Status decode(const DecodeParams& p) {
   if (p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) {
     return Status::Error(1, "decode: num_qo_heads must be a multiple of num_kv_heads");
   }
+  for (int64_t w = 0; w < p.work_capacity; ++w) {
+    if (p.work_request[w] < 0) continue;
+    Status st = check_pages(p.kv, p.work_request[w], p.work_token_begin[w], p.work_token_end[w]);
+    if (!st.ok()) return st;
+  }
   float o[HEAD_DIM];
   for (int64_t w = 0; w < p.work_capacity; ++w) {
     const int64_t request = p.work_request[w];
@@ -189,9 +222,12 @@ Status merge_two(const MergeTwoParams& p) {
 template <typename T, int HEAD_DIM>
 Status append_paged_kv(const AppendParams& p) {
   const PagedKV& kv = p.kv;
+  IndexCheck check;
+  int64_t page = 0, slot = 0;
+  for (int64_t i = 0; i < p.nnz && !check.failed(); ++i) append_target(p, i, check.errors(), &page, &slot);
+  if (check.failed()) return check.status();  // nothing was written
   for (int64_t i = 0; i < p.nnz; ++i) {
-    const int64_t b = p.batch_indices[i], pos = p.positions[i];
-    const int64_t page = kv.page_indices[kv.page_indptr[b] + pos / kv.page_size], slot = pos % kv.page_size;
+    append_target(p, i, nullptr, &page, &slot);
     T* k = static_cast<T*>(const_cast<void*>(kv.k)) + page * kv.k_page_stride + slot * kv.k_slot_stride;
     T* v = static_cast<T*>(const_cast<void*>(kv.v)) + page * kv.v_page_stride + slot * kv.v_slot_stride;
     for (int64_t h = 0; h < p.num_kv_heads; ++h) {
@@ -202,6 +238,12 @@ Status append_paged_kv(const AppendParams& p) {
     }
   }
   return Status::Ok();
+}
+
+inline Status batch_indices_positions(const PositionsParams& p) {
+  IndexCheck check;
+  for (int64_t i = 0; i < p.nnz; ++i) token_position(p, i, check.errors());
+  return check.status();
 }
 
 }  // namespace kiln::attention::host

@@ -51,7 +51,8 @@ struct DecodeShape {
 };
 
 template <typename T, int HEAD_DIM, bool SOFTCAP>
-__global__ void __launch_bounds__(kDecodeThreads) decode_paged_kernel(const DecodeParams p, int heads_per_cta) {
+__global__ void __launch_bounds__(kDecodeThreads)
+    decode_paged_kernel(const DecodeParams p, int heads_per_cta, int64_t* errors) {
   using S = DecodeShape<T, HEAD_DIM>;
   constexpr int CHUNKS = S::CHUNKS, VEC = S::VEC, STAGES = S::STAGES, KSTEPS = S::KSTEPS, NTILES = S::NTILES;
   extern __shared__ uint4 smem[];
@@ -90,7 +91,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_paged_kernel(const Deco
   float l[2] = {0.0f, 0.0f};            // this lane's share of the running sums
 
   const PagedKV& kv = p.kv;
-  const int32_t* pages = kv.page_indices + kv.page_indptr[request];
+  const int64_t first_page = kv.page_indptr[request];
+  bool bad = false;  // this thread met a page id out of range: the CTA's outputs become NaN
   const T* k_head = static_cast<const T*>(kv.k) + kv_head * kv.k_head_stride;
   const T* v_head = static_cast<const T*>(kv.v) + kv_head * kv.v_head_stride;
   const uint32_t page_size = static_cast<uint32_t>(kv.page_size);
@@ -106,16 +108,19 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_paged_kernel(const Deco
     const int tile_tok0 = tok_begin + (warp + tile * kDecodeWarps) * kDecodeTile;
     const int my_tok = tile_tok0 + (lane % kDecodeTile);
     const uint32_t utok = my_tok < tok_end ? static_cast<uint32_t>(my_tok) : 0u;
-    const int my_page = my_tok < tok_end ? pages[utok / page_size] : 0;
+    // -1: past the request, or a page id out of range (recorded; its rows are not read)
+    int64_t my_page = my_tok < tok_end ? page_at(kv, request, first_page, utok / page_size, errors) : -1;
+    bad |= my_tok < tok_end && my_page < 0;
     const int my_slot = static_cast<int>(utok % page_size);
     uint4* kdst = wbuf + (stage * 2 + 0) * kDecodeTile * CHUNKS;
     uint4* vdst = wbuf + (stage * 2 + 1) * kDecodeTile * CHUNKS;
 #pragma unroll
     for (int c = 0; c < kDecodeTile / kRowsPerCopy; ++c) {
       const int row = c * kRowsPerCopy + lane / CHUNKS;
-      const int64_t page = __shfl_sync(0xffffffffu, my_page, row);
+      const int64_t row_page = __shfl_sync(0xffffffffu, my_page, row);
       const int64_t slot = __shfl_sync(0xffffffffu, my_slot, row);
-      const bool valid = tile_tok0 + row < tok_end;
+      const bool valid = row_page >= 0;
+      const int64_t page = valid ? row_page : 0;
       const int phys = row * CHUNKS + (copy_chunk ^ (row & 7));
       cp_async_16(kdst + phys, k_head + page * kv.k_page_stride + slot * kv.k_slot_stride + copy_chunk * VEC, valid);
       cp_async_16(vdst + phys, v_head + page * kv.v_page_stride + slot * kv.v_slot_stride + copy_chunk * VEC, valid);
@@ -211,7 +216,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_paged_kernel(const Deco
     __syncwarp();  // all lanes are done reading this stage before it is refilled
   }
   cp_async_wait<0>();
-  __syncthreads();  // the staging buffers become the combine buffer
+  // The staging buffers become the combine buffer; and a bad page anywhere poisons the CTA's rows.
+  const bool poisoned = __syncthreads_or(bad);
 
   // Row sums over the quad, then each warp's (m, l, o) into shared memory.
 #pragma unroll
@@ -249,14 +255,15 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_paged_kernel(const Deco
       l_all += wgt * c_l[w * kMaxHeadsPerCta + row];
       acc += wgt * c_o[(w * kMaxHeadsPerCta + row) * HEAD_DIM + col];
     }
-    const float value = l_all > 0.0f ? acc / l_all : 0.0f;
+    const float value = poisoned ? quiet_nan() : l_all > 0.0f ? acc / l_all : 0.0f;
+    const float lse = poisoned ? quiet_nan() : merged_lse(m_all, l_all);
     const int head = qo_head0 + row;
     if (out_index < 0) {
       static_cast<T*>(p.out)[request * p.out_stride_b + head * p.out_stride_h + col] = Convert<T>::from_float(value);
-      if (p.lse != nullptr && col == 0) p.lse[request * p.lse_stride_b + head] = merged_lse(m_all, l_all);
+      if (p.lse != nullptr && col == 0) p.lse[request * p.lse_stride_b + head] = lse;
     } else {
       p.partial_out[(int64_t(out_index) * p.num_qo_heads + head) * HEAD_DIM + col] = value;
-      if (col == 0) p.partial_lse[int64_t(out_index) * p.num_qo_heads + head] = merged_lse(m_all, l_all);
+      if (col == 0) p.partial_lse[int64_t(out_index) * p.num_qo_heads + head] = lse;
     }
   }
 }
@@ -280,7 +287,7 @@ Status launch_decode(const DecodeParams& p, LaunchContext ctx) {
   constexpr auto kernel = decode_paged_kernel<T, HEAD_DIM, SOFTCAP>;
   Status st = cuda_status(allow_smem<kernel>(S::kSmemBytes, device), "decode: raising the shared-memory limit");
   if (!st.ok()) return st;
-  kernel<<<grid, kDecodeThreads, S::kSmemBytes, stream>>>(p, heads);
+  kernel<<<grid, kDecodeThreads, S::kSmemBytes, stream>>>(p, heads, ctx.errors);
   st = cuda_status(cudaGetLastError(), "decode kernel launch");
   if (!st.ok() || p.merge_capacity == 0) return st;
   return launch_merge_decode_partials<T, HEAD_DIM>(p, stream);

@@ -1,6 +1,7 @@
 // Appending keys and values to a paged KV cache on CUDA (see attention.h, AppendParams).
 // One block per appended token; its threads copy the token's num_kv_heads x head_dim keys and
-// values as 16-byte vectors into the page slot that (batch index, position) maps to.
+// values as 16-byte vectors into the page slot that (batch index, position) maps to, after
+// append_target has checked every index on the way there (a bad one is recorded, not written).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,15 +17,13 @@ namespace kiln::attention {
 constexpr int kAppendThreads = 128;
 
 template <typename T, int HEAD_DIM>
-__global__ void __launch_bounds__(kAppendThreads) append_paged_kv_kernel(const AppendParams p) {
+__global__ void __launch_bounds__(kAppendThreads) append_paged_kv_kernel(const AppendParams p, int64_t* errors) {
   constexpr int VEC = 16 / sizeof(T);
   constexpr int LANES = HEAD_DIM / VEC;
   using V = Vec<T, VEC>;
   const int64_t i = blockIdx.x;
-  const int64_t b = p.batch_indices[i];
-  const int64_t pos = p.positions[i];
-  const int64_t page = p.kv.page_indices[p.kv.page_indptr[b] + pos / p.kv.page_size];
-  const int64_t slot = pos % p.kv.page_size;
+  int64_t page = 0, slot = 0;  // every thread checks (the same answer); one records
+  if (!append_target(p, i, threadIdx.x == 0 ? errors : nullptr, &page, &slot)) return;
   T* k = static_cast<T*>(const_cast<void*>(p.kv.k)) + page * p.kv.k_page_stride + slot * p.kv.k_slot_stride;
   T* v = static_cast<T*>(const_cast<void*>(p.kv.v)) + page * p.kv.v_page_stride + slot * p.kv.v_slot_stride;
   const T* key = static_cast<const T*>(p.key) + i * p.key_stride_n;
@@ -42,7 +41,7 @@ Status launch_append_paged_kv(const AppendParams& p, LaunchContext ctx) {
   if (p.nnz > 0x7fffffffLL) return Status::Error(1, "append_paged_kv_cache: too many tokens for one launch");
   DeviceGuard guard(ctx.device);
   append_paged_kv_kernel<T, HEAD_DIM>
-      <<<static_cast<unsigned>(p.nnz), kAppendThreads, 0, static_cast<cudaStream_t>(ctx.stream)>>>(p);
+      <<<static_cast<unsigned>(p.nnz), kAppendThreads, 0, static_cast<cudaStream_t>(ctx.stream)>>>(p, ctx.errors);
   return cuda_status(cudaGetLastError(), "append_paged_kv_cache kernel launch");
 }
 

@@ -119,7 +119,7 @@ __device__ __forceinline__ int swz(int row, int chunk) {
 
 template <typename T, int HEAD_DIM, bool SOFTCAP>
 __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillShape<T, HEAD_DIM>::MIN_BLOCKS)
-    prefill_paged_kernel(const PrefillParams p, const FastDiv page_div) {
+    prefill_paged_kernel(const PrefillParams p, const FastDiv page_div, int64_t* errors) {
   using S = PrefillShape<T, HEAD_DIM>;
   constexpr int CHUNKS = S::CHUNKS, VEC = S::VEC, TILE = S::TILE, KSTEPS = S::KSTEPS, NTILES = S::NTILES;
   constexpr int STAGES = S::STAGES, UNITS = S::UNITS, MT = S::MT, THREADS = S::THREADS;
@@ -153,7 +153,8 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
   const int num_tiles = kv_end > kv_start ? (kv_end - kv_start + TILE - 1) / TILE : 0;
 
   const PagedKV& kv = p.kv;
-  const int32_t* pages = kv.page_indices + kv.page_indptr[request];
+  const int64_t first_page = kv.page_indptr[request];
+  bool bad = false;  // this thread met a page id out of range: the CTA's outputs become NaN
   const T* k_head = static_cast<const T*>(kv.k) + kv_head * kv.k_head_stride;
   const T* v_head = static_cast<const T*>(kv.v) + kv_head * kv.v_head_stride;
 
@@ -166,17 +167,27 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
   const bool contiguous = p.kv_contiguous;
   const int64_t k_row = kv.page_size == 1 ? kv.k_page_stride : kv.k_slot_stride;
   const int64_t v_row = kv.page_size == 1 ? kv.v_page_stride : kv.v_slot_stride;
+  // The rows of a contiguous request are those of one page id: every one must lie in the cache.
+  int64_t contiguous_rows = 0;
   if (contiguous && num_tiles > 0) {  // (a request without keys may have no page entry)
-    const int64_t first = pages[0];
-    k_head += first * kv.k_page_stride;
-    v_head += first * kv.v_page_stride;
+    const int64_t first = page_at(kv, request, first_page, 0, errors);
+    // one-token pages (ragged): rows are pages first ..; otherwise slots of page `first`
+    const bool fits = first >= 0 && (kv.page_size == 1 ? first + kv_end <= kv.num_pages : kv_end <= kv.page_size);
+    if (first >= 0 && !fits) record_error(errors, ErrorCode::kPageSlot, request, first + kv_end, kv.num_pages);
+    bad = !fits;
+    contiguous_rows = fits ? kv_end : 0;
+    k_head += fits ? first * kv.k_page_stride : 0;
+    v_head += fits ? first * kv.v_page_stride : 0;
   }
   auto load_pages = [&](int tile, int32_t (&pg)[UNITS]) {
     if (contiguous) return;
 #pragma unroll
     for (int u = 0; u < UNITS; ++u) {
       const int tok = kv_start + tile * TILE + my_row + u * S::ROWS_PER_STEP;
-      pg[u] = tok < kv_end ? pages[page_div.div(static_cast<uint32_t>(tok))] : 0;
+      const int64_t page =
+          tok < kv_end ? page_at(kv, request, first_page, page_div.div(static_cast<uint32_t>(tok)), errors) : -1;
+      bad |= tok < kv_end && page < 0;
+      pg[u] = static_cast<int32_t>(page);  // -1: not loaded
     }
   };
   auto issue_kv = [&](int stage, int tile, const int32_t (&pg)[UNITS]) {
@@ -187,7 +198,7 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
 #pragma unroll
       for (int u = 0; u < UNITS; ++u) {
         const int row = my_row + u * S::ROWS_PER_STEP, tok = tok0 + u * S::ROWS_PER_STEP;
-        const bool valid = tok < kv_end;
+        const bool valid = tok < contiguous_rows;
         const int64_t utok = valid ? tok : 0;
         const int phys = swz<CHUNKS>(row, my_chunk);
         cp_async_16(kdst + phys, k_head + utok * k_row + my_chunk * VEC, valid);
@@ -198,10 +209,10 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
 #pragma unroll
     for (int u = 0; u < UNITS; ++u) {
       const int row = my_row + u * S::ROWS_PER_STEP, tok = tok0 + u * S::ROWS_PER_STEP;
-      const bool valid = tok < kv_end;
+      const bool valid = tok < kv_end && pg[u] >= 0;
       const uint32_t utok = valid ? static_cast<uint32_t>(tok) : 0u;
       const int64_t slot = utok - page_div.div(utok) * page_div.d;
-      const int64_t page = pg[u];
+      const int64_t page = valid ? pg[u] : 0;
       const int phys = swz<CHUNKS>(row, my_chunk);
       cp_async_16(kdst + phys, k_head + page * kv.k_page_stride + slot * kv.k_slot_stride + my_chunk * VEC, valid);
       cp_async_16(vdst + phys, v_head + page * kv.v_page_stride + slot * kv.v_slot_stride + my_chunk * VEC, valid);
@@ -387,6 +398,7 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
     }
   }
   cp_async_wait<0>();
+  const bool poisoned = __syncthreads_or(bad);  // a page out of range anywhere: NaN rows
 
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -397,7 +409,7 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const int qi = row0 + mt * 16 + g + r * 8;
       if (qi >= qo_len) continue;
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const float inv = poisoned ? quiet_nan() : sum > 0.0f ? 1.0f / sum : 0.0f;
       T* out = static_cast<T*>(p.out) + int64_t(q_begin + qi) * p.out_stride_n + head * p.out_stride_h;
 #pragma unroll
       for (int n = 0; n < NTILES; ++n) {
@@ -405,7 +417,7 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
         *reinterpret_cast<uint32_t*>(out + n * 8 + 2 * t) = packed;
       }
       if (p.lse != nullptr && t == 0) {
-        p.lse[int64_t(q_begin + qi) * p.lse_stride_n + head] = merged_lse(m[mt][r], sum);
+        p.lse[int64_t(q_begin + qi) * p.lse_stride_n + head] = poisoned ? quiet_nan() : merged_lse(m[mt][r], sum);
       }
     }
   }
@@ -431,7 +443,7 @@ Status launch_prefill(const PrefillParams& p, LaunchContext ctx) {
     return Status::Error(1, "prefill: page_size " + std::to_string(p.kv.page_size) + " out of range");
   }
   const FastDiv page_div(static_cast<uint32_t>(p.kv.page_size));
-  kernel<<<blocks, S::THREADS, S::kSmemBytes, static_cast<cudaStream_t>(ctx.stream)>>>(p, page_div);
+  kernel<<<blocks, S::THREADS, S::kSmemBytes, static_cast<cudaStream_t>(ctx.stream)>>>(p, page_div, ctx.errors);
   return cuda_status(cudaGetLastError(), "prefill kernel launch");
 }
 

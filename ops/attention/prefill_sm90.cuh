@@ -65,7 +65,8 @@ struct Sm90Shape {
   static constexpr int STAGES = HEAD_DIM == 64 ? 3 : 2;
   static constexpr int BAR_OFFSET = Q_BYTES + 2 * STAGES * KV_BYTES;  // mbarriers after the tiles
   static constexpr int NUM_BARS = 1 + 4 * STAGES;
-  static constexpr size_t kSmemBytes = size_t(BAR_OFFSET) + NUM_BARS * 8 + 1024;  // + alignment slack
+  // mbarriers, the bad-page flag (16 bytes), and slack for the 1024-byte alignment of the base
+  static constexpr size_t kSmemBytes = size_t(BAR_OFFSET) + NUM_BARS * 8 + 16 + 1024;
   // Registers a thread: producer + 2 x consumer = 3 x 168 (the launch allocation, 384 x 168 =
   // 64512), multiples of 8. The producer's per-box page arrays need 56 at head_dim 64 (3 stages).
   static constexpr int PRODUCER_REGS = HEAD_DIM == 64 ? 56 : 40;
@@ -92,7 +93,7 @@ template <typename T, int HEAD_DIM, bool SOFTCAP>
 __global__ void __launch_bounds__(kSm90Threads, 1)
     prefill_sm90_kernel(const PrefillParams p, const __grid_constant__ CUtensorMap tq,
                         const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-                        const Sm90KvBoxes boxes) {
+                        const Sm90KvBoxes boxes, int64_t* errors) {
 #if defined(KILN_SM90A)
   using S = Sm90Shape<T, HEAD_DIM>;
   constexpr int N = S::BLOCK_N, STAGES = S::STAGES, CHUNKS = S::CHUNKS;
@@ -109,6 +110,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   uint64_t* v_full = k_full + STAGES;
   uint64_t* k_empty = v_full + STAGES;
   uint64_t* v_empty = k_empty + STAGES;
+  // Set by the producer when a page id of the CTA's keys is out of range (recorded in `errors`; the
+  // box is read past the tensor map, which TMA fills with zeros): the consumers then write NaN. It
+  // is written before the tile's full barrier is armed, whose arrival releases it to them.
+  uint32_t* bad_kv = reinterpret_cast<uint32_t*>(bars + S::NUM_BARS);
 
   const PrefillCta cta = prefill_cta(p, blockIdx.x);
   const int item = cta.item;
@@ -132,6 +137,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   const int num_tiles = kv_end > kv_start ? (kv_end - kv_start + N - 1) / N : 0;
 
   if (threadIdx.x == 0) {
+    *bad_kv = 0;
     sm90::mbar_init(q_full, 1);
     for (int s = 0; s < STAGES; ++s) {
       sm90::mbar_init(&k_full[s], 1);
@@ -154,9 +160,20 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c)
       sm90::tma_load_3d(sq + c * S::Q_CHUNK_BYTES, &tq, q_full, c * 64, head, q_begin + q0);
-    const int32_t* pages = p.kv.page_indices + p.kv.page_indptr[request];
+    const int64_t first_page = p.kv.page_indptr[request];
     const int num_pages = p.kv.page_indptr[request + 1] - p.kv.page_indptr[request];
     const int page_size = static_cast<int>(p.kv.page_size);
+    // Contiguous rows along the page axis (one-token pages): all from the request's first id.
+    int64_t first_id = 0;
+    if (boxes.page_axis && num_tiles > 0) {
+      first_id = page_at(p.kv, request, first_page, 0, errors);
+      if (first_id >= 0 && first_id + kv_end > p.kv.num_pages) {
+        record_error(errors, ErrorCode::kPageSlot, request, first_id + kv_end, p.kv.num_pages);
+        first_id = -1;
+      }
+      if (first_id < 0) *bad_kv = 1;
+    }
+    const int oob = static_cast<int>(p.kv_num_pages);  // a page coordinate TMA fills with zeros
     const int B = boxes.rows, nbox = boxes.page_axis ? 1 : N / B;
     constexpr int MAX_BOXES = N / 16;  // B >= 16 or B == N (prefill_sm90_boxes)
     for (int i = 0; i < num_tiles; ++i) {
@@ -172,7 +189,16 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       for (int b = 0; b < MAX_BOXES; ++b) {
         const int tok = tok0 + b * B, pi = tok / page_size;
         const bool load = b < nbox && (boxes.page_axis || pi < num_pages);
-        box_page[b] = !load ? -1 : boxes.page_axis ? pages[0] + tok0 : pages[pi];
+        int64_t id = -1;
+        if (load) {
+          id =
+              boxes.page_axis ? (first_id >= 0 ? first_id + tok0 : -1) : page_at(p.kv, request, first_page, pi, errors);
+          if (id < 0) {
+            *bad_kv = 1;
+            id = oob;
+          }
+        }
+        box_page[b] = static_cast<int>(id);
         box_slot[b] = boxes.page_axis ? 0 : tok % page_size;
         bytes += load ? uint32_t(CHUNKS * (boxes.page_axis ? N : B) * 128) : 0u;
       }
@@ -411,21 +437,23 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
   }
+  const bool poisoned = *bad_kv != 0;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int qi = qi0 + 8 * r;
     if (qi >= qo_len) continue;
-    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    const float inv = poisoned ? quiet_nan() : l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
     T* out = static_cast<T*>(p.out) + int64_t(q_begin + qi) * p.out_stride_n + head * p.out_stride_h;
 #pragma unroll
     for (int j = 0; j < HEAD_DIM / 8; ++j) {
       *reinterpret_cast<uint32_t*>(out + 8 * j + 2 * t) = pack2<T>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
     }
-    if (p.lse != nullptr && t == 0) p.lse[int64_t(q_begin + qi) * p.lse_stride_n + head] = merged_lse(m[r], l[r]);
+    if (p.lse != nullptr && t == 0)
+      p.lse[int64_t(q_begin + qi) * p.lse_stride_n + head] = poisoned ? quiet_nan() : merged_lse(m[r], l[r]);
   }
 #else
   // Built for another target: never launched there (prefill_sm90_supported), loud if it were.
-  (void)p, (void)tq, (void)tk, (void)tv, (void)boxes;
+  (void)p, (void)tq, (void)tk, (void)tv, (void)boxes, (void)errors;
   __trap();
 #endif
 }
@@ -580,7 +608,8 @@ Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx) {
   if (!st.ok()) return st;
   unsigned blocks = 0;
   if (Status g = prefill_grid(p, &blocks); !g.ok()) return g;
-  kernel<<<blocks, kSm90Threads, S::kSmemBytes, static_cast<cudaStream_t>(ctx.stream)>>>(p, tq, tk, tv, boxes);
+  kernel<<<blocks, kSm90Threads, S::kSmemBytes, static_cast<cudaStream_t>(ctx.stream)>>>(p, tq, tk, tv, boxes,
+                                                                                         ctx.errors);
   return cuda_status(cudaGetLastError(), "prefill (sm90a) kernel launch");
 }
 

@@ -18,6 +18,11 @@ KILN_HOST_DEVICE float neg_inf() {
   return -std::numeric_limits<float>::infinity();
 }
 
+// What an output the kernel could not compute (an index out of range) holds.
+KILN_HOST_DEVICE float quiet_nan() {
+  return std::numeric_limits<float>::quiet_NaN();
+}
+
 // exp2(x - max) that is 0 (not NaN) when both are -inf.
 KILN_HOST_DEVICE float scale_from(float x, float max) {
 #if defined(__CUDA_ARCH__)

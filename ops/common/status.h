@@ -2,25 +2,34 @@
 // Status into a Python exception; device code never throws.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 
 namespace kiln {
 
 struct Status {
-  int code = 0;  // 0 = ok; otherwise a backend error code (cudaError_t for CUDA)
+  int code = 0;  // 0 = ok; otherwise a backend error code (cudaError_t for CUDA), or kIndexError
   std::string message;
+
+  // An input index out of its range, found by the host backend before it touched anything (the
+  // binding raises IndexError for it; CUDA kernels record such errors in LaunchContext::errors).
+  static constexpr int kIndexError = -2;
 
   bool ok() const { return code == 0; }
   static Status Ok() { return {}; }
   static Status Error(int code, std::string message) { return {code, std::move(message)}; }
+  static Status IndexError(std::string message) { return {kIndexError, std::move(message)}; }
 };
 
-// Where a launch runs: the stream (a cudaStream_t, or null for the host backend) and the CUDA
-// device ordinal the stream belongs to (-1 on the host).
+// Where a launch runs: the stream (a cudaStream_t, or null for the host backend), the CUDA device
+// ordinal the stream belongs to (-1 on the host), and the device's index-error record (four int64
+// in device memory, ops/common/device_error.h; null on the host, whose backend returns
+// Status::IndexError instead).
 struct LaunchContext {
   void* stream = nullptr;
   int device = -1;
+  int64_t* errors = nullptr;
 };
 
 }  // namespace kiln

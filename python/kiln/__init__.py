@@ -24,6 +24,7 @@ _API = {
                 "single_prefill_with_kv_cache"),
     "cascade": ("merge_state", "merge_state_in_place", "merge_states"),
     "page": ("append_paged_kv_cache", "get_batch_indices_positions"),
+    "errors": ("check_errors", "DeviceIndexError"),
 }
 _OWNER = {name: module for module, names in _API.items() for name in names}
 # Submodules that are part of the API as modules.

@@ -4,18 +4,85 @@ labels, paged KV caches, kv_layout names and the prefill kernel choice."""
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
 from kiln.runtime import env
 
-from . import utils
+from . import errors, utils
 
 DECODE = "//ops/attention:decode"
 PREFILL = "//ops/attention:prefill"
 CASCADE = "//ops/attention:cascade"
 PAGE = "//ops/attention:page"
+POSITIONS = "//ops/attention:positions"
 LAYOUTS = ("NHD", "HND")  # the bindings take these names
+# The smallest float_workspace_buffer the wrappers accept: decode's split-KV partials need up to
+# SMs x 2 slots x heads x (head_dim + 1) x 4 bytes (17 MB at 64 heads x 128 on 132 SMs; each plan
+# checks its own need), FlashInfer's 128 MB covers every plan.
+MIN_WORKSPACE_BYTES = 1 << 20
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def workspace_bytes(buffer, api: str) -> torch.Tensor:
+    """The wrapper's float_workspace_buffer as a flat uint8 view, after checking it is one."""
+    if not isinstance(buffer, torch.Tensor):
+        raise TypeError(f"{api}: float_workspace_buffer must be a torch.Tensor, got {type(buffer).__name__}")
+    if buffer.dtype != torch.uint8:
+        raise TypeError(f"{api}: float_workspace_buffer must be a torch.uint8 tensor (e.g. "
+                        f"torch.empty(128 << 20, dtype=torch.uint8, device=...)), got {buffer.dtype}")
+    if not buffer.is_contiguous():
+        raise ValueError(f"{api}: float_workspace_buffer must be contiguous")
+    if buffer.numel() < MIN_WORKSPACE_BYTES:
+        raise ValueError(f"{api}: float_workspace_buffer has {buffer.numel()} bytes; kiln needs at least "
+                         f"{MIN_WORKSPACE_BYTES} (1 MiB; 128 MB serves every plan)")
+    return buffer.view(-1)
+
+
+def soft_cap(value, api: str) -> float | None:
+    """logits_soft_cap: None or 0 for none (FlashInfer's convention), else finite and > 0."""
+    if value is None or value == 0:
+        return None
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{api}: logits_soft_cap must be None, 0 (no soft-cap) or a finite value > 0, "
+                         f"got {value!r}")
+    return float(value)
+
+
+def check_window(window_left, api: str) -> int:
+    if isinstance(window_left, bool) or not isinstance(window_left, int) or window_left < -1:
+        raise ValueError(f"{api}: window_left must be -1 (no window) or an int >= 0, got {window_left!r}")
+    return window_left
+
+
+def check_sm_scale(sm_scale, api: str) -> None:
+    if sm_scale is not None and not (isinstance(sm_scale, (int, float)) and math.isfinite(sm_scale)
+                                     and sm_scale > 0):
+        raise ValueError(f"{api}: sm_scale must be None (1/sqrt(head_dim)) or finite and > 0, "
+                         f"got {sm_scale!r}")
+
+
+def index_tensor(t, name: str, api: str) -> torch.Tensor:
+    """A 1-D int32/int64 tensor (an index array), or a TypeError/ValueError naming it."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{api}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"{api}: {name} must be an int32 tensor (int64 is accepted), got {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{api}: {name} must be 1-D, got shape {list(t.shape)}")
+    return t
+
+
+def device_copy(t: torch.Tensor, device: torch.device, non_blocking: bool = False) -> torch.Tensor:
+    """An int32 copy of `t` on `device` that the plan owns: a caller's later change to `t` cannot
+    reach the kernels through it."""
+    return t.to(device=device, dtype=torch.int32, non_blocking=non_blocking, copy=True)
+
+
+def error_record(device: torch.device) -> int:
+    """The address of the device's index-error record for a launch (kiln/errors.py)."""
+    return errors.record_address(device)
 
 
 def check_layout(kv_layout: str, api: str) -> str:
@@ -60,7 +127,7 @@ def prefill_kernel(backend: str, device: torch.device, api: str) -> str:
 def indptr_lengths(indptr: torch.Tensor, name: str, api: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(indptr, lengths) on the host as int64 for an indptr of B + 1 entries that starts at 0 and
     does not decrease; a ValueError naming the argument otherwise."""
-    indptr_h = indptr.to("cpu", torch.int64)
+    indptr_h = index_tensor(indptr, name, api).to("cpu", torch.int64)
     lengths = indptr_h[1:] - indptr_h[:-1]
     if indptr_h.numel() < 1 or indptr_h[0] != 0 or bool((lengths < 0).any()):
         raise ValueError(f"{api}: {name} must start at 0 and be non-decreasing")
@@ -105,10 +172,10 @@ def paged_kv_lengths(
     """(indptr, kv_len) of a page table on the host (int64), after checking it: B + 1 and B
     entries, indptr from 0 and non-decreasing within the indices, last_page_len in
     [1, page_size] for requests with pages. Reads the tensors on the host (a sync for GPU ones)."""
-    if not isinstance(page_size, int) or page_size < 1:
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
         raise ValueError(f"{api}: page_size must be a positive int, got {page_size!r}")
-    indptr_h = indptr.to("cpu", torch.int64)
-    last_h = last_page_len.to("cpu", torch.int64)
+    indptr_h = index_tensor(indptr, "indptr", api).to("cpu", torch.int64)
+    last_h = index_tensor(last_page_len, "last_page_len", api).to("cpu", torch.int64)
     batch = indptr_h.numel() - 1
     if batch < 0 or last_h.numel() != batch:
         raise ValueError(

@@ -65,14 +65,13 @@ class _Plan:
     q_dtype: torch.dtype
     kv_dtype: torch.dtype
     sm_scale: float
-    indices: torch.Tensor
-    nnz_pages: int
     chunk: int
     num_items: int
     slots: int
     module: object
     fixed: dict
     tensors: tuple
+    validate: bool  # KILN_VALIDATE_INDICES: check the kernel's index errors after every run
     checked: tuple | None = None
 
 
@@ -94,8 +93,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
                  backend: str = "auto", jit_args=None) -> None:
         """
         Args:
-            float_workspace_buffer: scratch for split-KV partial results (FlashInfer suggests
-                128 MB); any dtype, on the device the wrapper runs on.
+            float_workspace_buffer: scratch for split-KV partial results: a contiguous uint8
+                tensor of at least 1 MiB (FlashInfer suggests 128 MB) on the device the wrapper
+                runs on.
             kv_layout: "NHD" or "HND".
             use_cuda_graph: keep every buffer run() touches fixed, so run() can be captured.
                 Needs the three paged_kv_*_buffer arguments (their sizes fix the batch size and
@@ -104,9 +104,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 one decode kernel (CUDA cores, 16-byte loads, cp.async pipeline) and ignores them.
         """
         _attention.check_layout(kv_layout, API)
-        if not isinstance(float_workspace_buffer, torch.Tensor):
-            raise TypeError(f"{API}: float_workspace_buffer must be a tensor")
-        self._workspace = float_workspace_buffer.view(-1).view(torch.uint8)
+        self._workspace = _attention.workspace_bytes(float_workspace_buffer, API)
         self._device = float_workspace_buffer.device
         self._kv_layout = kv_layout
         self._use_cuda_graph = use_cuda_graph
@@ -120,6 +118,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
             if missing:
                 raise ValueError(f"{API}: use_cuda_graph=True needs fixed page-table buffers; pass "
                                  f"{', '.join(missing)}")
+            for name, buf in (("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
+                              ("paged_kv_indices_buffer", paged_kv_indices_buffer),
+                              ("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer)):
+                if _attention.index_tensor(buf, name, API).dtype != torch.int32 or buf.device != self._device:
+                    raise ValueError(f"{API}: {name} must be an int32 tensor on {self._device}, got "
+                                     f"{buf.dtype} on {buf.device}")
             self._indptr_buf = paged_kv_indptr_buffer
             self._indices_buf = paged_kv_indices_buffer
             self._last_page_len_buf = paged_kv_last_page_len_buffer
@@ -149,7 +153,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
              data_type=None, sm_scale: float | None = None, rope_scale: float | None = None,
              rope_theta: float | None = None, non_blocking: bool = True) -> None:
         """Schedule a batch: validate the page table, split long requests when the batch is too
-        small to fill the GPU, and copy the work list to the device. Reused by every run()."""
+        small to fill the GPU, and copy the work list to the device. Reused by every run(). Raises
+        an index error a kernel recorded on this device since the plan before the last one
+        (kiln/errors.py), without waiting for the device."""
+        _attention.errors.poll(self._device)
         if pos_encoding_mode != "NONE":
             raise ValueError(f"{API}: pos_encoding_mode {pos_encoding_mode!r} is not supported; kiln "
                              "applies no positional encoding inside attention (apply RoPE to q and k first)")
@@ -160,8 +167,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if num_qo_heads % num_kv_heads:
             raise ValueError(f"{API}.plan: num_qo_heads ({num_qo_heads}) must be a multiple of "
                              f"num_kv_heads ({num_kv_heads})")
-        if logits_soft_cap is not None and not logits_soft_cap > 0:
-            logits_soft_cap = None  # FlashInfer treats 0 as "no soft-cap"
+        logits_soft_cap = _attention.soft_cap(logits_soft_cap, API + ".plan")
+        _attention.check_window(window_left, API + ".plan")
+        _attention.check_sm_scale(sm_scale, API + ".plan")
+        _attention.index_tensor(indices, "indices", API + ".plan")
         q_dtype = _attention.as_dtype(data_type, None) or _attention.as_dtype(q_data_type, torch.float16)
         kv_dtype = _attention.as_dtype(kv_data_type, q_dtype)
         if kv_dtype != q_dtype:
@@ -197,8 +206,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             indptr_d, indices_d = self._indptr_buf, self._indices_buf
             work_cap, merge_cap = self._work_capacity, self._merge_capacity
         else:
-            indptr_d = indptr.to(self._device, torch.int32, non_blocking=non_blocking)
-            indices_d = indices.to(self._device, torch.int32, non_blocking=non_blocking)
+            indptr_d = _attention.device_copy(indptr, self._device, non_blocking)
+            indices_d = _attention.device_copy(indices, self._device, non_blocking)
             work_cap, merge_cap = sched.request.numel(), sched.merge_request.numel()
         if sched.request.numel() > work_cap:
             raise RuntimeError(f"{API}.plan: {sched.request.numel()} work items exceed the fixed capacity "
@@ -222,13 +231,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
                      merge_indptr=work["merge_indptr"])
         fixed = {k: _jit.dl(t) for k, t in owned.items()}
         fixed.update(kv_layout=self._kv_layout, partial_out=_jit.dl(partial_out),
-                     partial_lse=_jit.dl(partial_lse), sm_scale=sm_scale, soft_cap=soft_cap)
+                     partial_lse=_jit.dl(partial_lse), sm_scale=sm_scale, soft_cap=soft_cap,
+                     errors=_attention.error_record(self._device))
         self._plan = _Plan(
             batch=batch, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
             page_size=page_size, window_left=window_left, soft_cap=logits_soft_cap, q_dtype=q_dtype,
-            kv_dtype=kv_dtype, sm_scale=sm_scale, indices=indices_d, nnz_pages=int(indptr_h[-1]),
-            chunk=sched.chunk, num_items=sched.request.numel(), slots=slots, module=module, fixed=fixed,
-            tensors=(*owned.values(), partial_out, partial_lse),
+            kv_dtype=kv_dtype, sm_scale=sm_scale, chunk=sched.chunk, num_items=sched.request.numel(),
+            slots=slots, module=module, fixed=fixed, tensors=(*owned.values(), partial_out, partial_lse),
+            validate=self._device.type == "cuda" and env.get("KILN_VALIDATE_INDICES"),
         )
 
     def _upload_work(self, sched, work_cap: int, merge_cap: int, non_blocking: bool) -> dict:
@@ -286,12 +296,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if signature != p.checked:
             self._check_run(p, q, k_cache)
             p.checked = signature
-        if p.nnz_pages and env.get("KILN_VALIDATE_INDICES"):
-            used = p.indices[: p.nnz_pages]
-            lo, hi = int(used.min()), int(used.max())
-            if lo < 0 or hi >= k_cache.shape[0]:
-                raise ValueError(f"{API}.run: page indices span [{lo}, {hi}] but the cache has "
-                                 f"{k_cache.shape[0]} pages")
         if out is None:
             out = torch.empty_like(q)
         if return_lse and lse is None:
@@ -305,6 +309,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         to_dl = _jit.dl
         p.module.decode(q=to_dl(q), k_cache=to_dl(k_cache), v_cache=to_dl(v_cache), out=to_dl(out),
                         lse=None if lse is None else to_dl(lse), stream=_jit.stream_of(q.device), **p.fixed)
+        if p.validate:
+            _attention.errors.check_errors(q.device)
         return (out, lse) if return_lse else out
 
     def _check_run(self, p: _Plan, q: torch.Tensor, k_cache: torch.Tensor) -> None:
@@ -338,7 +344,9 @@ def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv
                   work_out_index=dl(work_out_index), merge_request=dl(merge_request),
                   merge_indptr=dl(merge_indptr), out=dl(out), lse=None if lse is None else dl(lse),
                   partial_out=dl(partial_out), partial_lse=dl(partial_lse), sm_scale=sm_scale,
-                  soft_cap=soft_cap, stream=_jit.stream_of(q.device))
+                  soft_cap=soft_cap, errors=_attention.error_record(q.device),
+                  stream=_jit.stream_of(q.device))
+    _attention.errors.after_launch(q.device)
 
 
 _single_workspaces: dict[torch.device, torch.Tensor] = {}

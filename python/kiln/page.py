@@ -1,4 +1,5 @@
-"""Writing new tokens into a paged KV cache (//ops:attention), FlashInfer's names:
+"""Writing new tokens into a paged KV cache (//ops/attention:page and :positions), FlashInfer's
+names:
 
     get_batch_indices_positions(append_indptr, seq_lens, nnz) -> (batch_indices, positions)
     append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,
@@ -8,7 +9,12 @@ append_key/append_value [nnz, num_kv_heads, head_dim] are the new tokens of all 
 (request b's are rows append_indptr[b]:append_indptr[b+1]); token i goes to request
 batch_indices[i] at position positions[i], i.e. page kv_indices[kv_indptr[b] + pos // page_size],
 slot pos % page_size. seq_lens are the requests' lengths after the append, so a request appending
-n tokens writes positions seq_len - n ... seq_len - 1. The page table must already cover them.
+n tokens writes positions seq_len - n ... seq_len - 1. The page table must already cover them:
+position p of request b must be below its length (pages - 1) * page_size + kv_last_page_len[b].
+
+Every index is checked where it is used (kiln/errors.py): on the CPU a bad one raises IndexError
+before anything is written; on CUDA the kernels skip the token (append writes nothing for it,
+get_batch_indices_positions returns -1 for it) and record the error for kiln.check_errors().
 """
 
 from __future__ import annotations
@@ -25,13 +31,35 @@ from .trace import traced
 @logged_api
 @traced(attention_traces.GET_BATCH_INDICES_POSITIONS)
 def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Tensor, nnz: int):
-    """(batch_indices, positions), int32 [nnz], for packed appended tokens (no host sync)."""
-    counts = append_indptr[1:] - append_indptr[:-1]
-    batch = torch.arange(counts.numel(), device=append_indptr.device)
-    batch_indices = torch.repeat_interleave(batch, counts, output_size=nnz)
-    offset = torch.arange(nnz, device=append_indptr.device) - append_indptr[:-1].long()[batch_indices]
-    positions = (seq_lens.long() - counts.long())[batch_indices] + offset
-    return batch_indices.to(torch.int32), positions.to(torch.int32)
+    """(batch_indices, positions), int32 [nnz], for packed appended tokens: one kernel, no host
+    synchronisation. append_indptr [batch + 1] (from 0, non-decreasing, ending at nnz) and
+    seq_lens [batch] are int32 on one device."""
+    api = "kiln.get_batch_indices_positions"
+    _attention.index_tensor(append_indptr, "append_indptr", api)
+    _attention.index_tensor(seq_lens, "seq_lens", api)
+    if isinstance(nnz, bool) or not isinstance(nnz, int) or nnz < 0:
+        raise ValueError(f"{api}: nnz must be an int >= 0 (the number of appended tokens), got {nnz!r}")
+    if seq_lens.numel() != append_indptr.numel() - 1:
+        raise ValueError(f"{api}: seq_lens has {seq_lens.numel()} entries; append_indptr's "
+                         f"{append_indptr.numel()} entries describe a batch of {append_indptr.numel() - 1}")
+    if seq_lens.device != append_indptr.device:
+        raise ValueError(f"{api}: seq_lens is on {seq_lens.device}, append_indptr on {append_indptr.device}")
+    batch_indices = torch.empty(nnz, dtype=torch.int32, device=append_indptr.device)
+    positions = torch.empty_like(batch_indices)
+    _positions_op(append_indptr.to(torch.int32), seq_lens.to(torch.int32), batch_indices, positions)
+    return batch_indices, positions
+
+
+@custom_op("get_batch_indices_positions", mutates=("batch_indices", "positions"))
+def _positions_op(append_indptr: torch.Tensor, seq_lens: torch.Tensor, batch_indices: torch.Tensor,
+                  positions: torch.Tensor) -> None:
+    device = append_indptr.device
+    mod = _jit.module(_attention.POSITIONS, device, "kiln.get_batch_indices_positions")
+    dl = _jit.dl
+    mod.batch_indices_positions(append_indptr=dl(append_indptr), seq_lens=dl(seq_lens),
+                                batch_indices=dl(batch_indices), positions=dl(positions),
+                                errors=_attention.error_record(device), stream=_jit.stream_of(device))
+    _attention.errors.after_launch(device)
 
 
 @logged_api(mutates=("paged_kv_cache",))
@@ -47,14 +75,18 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor, 
     # One [pages, 2, ...] tensor is passed whole (the op writes through both halves of it).
     k_cache, v_cache = (paged_kv_cache[0], paged_kv_cache[1]) if isinstance(
         paged_kv_cache, (tuple, list)) else (paged_kv_cache, None)
+    for name, t in (("batch_indices", batch_indices), ("positions", positions), ("kv_indices", kv_indices),
+                    ("kv_indptr", kv_indptr), ("kv_last_page_len", kv_last_page_len)):
+        _attention.index_tensor(t, name, api)
     _append_op(append_key, append_value, batch_indices, positions, k_cache, v_cache, kv_indices, kv_indptr,
-               kv_layout)
+               kv_last_page_len, kv_layout)
 
 
 @custom_op("append_paged_kv_cache", mutates=("k_cache", "v_cache"))
 def _append_op(append_key: torch.Tensor, append_value: torch.Tensor, batch_indices: torch.Tensor,
                positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor | None,
-               kv_indices: torch.Tensor, kv_indptr: torch.Tensor, kv_layout: str) -> None:
+               kv_indices: torch.Tensor, kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor,
+               kv_layout: str) -> None:
     """v_cache None: k_cache is the [pages, 2, ...] tensor holding both."""
     if v_cache is None:
         k_cache, v_cache = k_cache[:, 0], k_cache[:, 1]
@@ -64,4 +96,7 @@ def _append_op(append_key: torch.Tensor, append_value: torch.Tensor, batch_indic
     mod.append_paged_kv(append_key=dl(append_key), append_value=dl(append_value),
                         batch_indices=dl(batch_indices), positions=dl(positions), k_cache=dl(k_cache),
                         v_cache=dl(v_cache), kv_layout=kv_layout, kv_indptr=dl(kv_indptr),
-                        kv_indices=dl(kv_indices), stream=_jit.stream_of(append_key.device))
+                        kv_indices=dl(kv_indices), kv_last_page_len=dl(kv_last_page_len),
+                        errors=_attention.error_record(append_key.device),
+                        stream=_jit.stream_of(append_key.device))
+    _attention.errors.after_launch(append_key.device)

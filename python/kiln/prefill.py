@@ -28,6 +28,8 @@ import math
 
 import torch
 
+from kiln.runtime import env
+
 from . import _attention, _jit
 from ._ops import custom_op
 from .api_logging import logged_api
@@ -96,7 +98,9 @@ class _PrefillPlan:
             )
         if kv_dtype != q_dtype:
             raise ValueError(f"{api}.plan: kv_data_type {kv_dtype} must equal q_data_type {q_dtype}")
-        soft_cap = logits_soft_cap if logits_soft_cap is not None and logits_soft_cap > 0 else None
+        soft_cap = _attention.soft_cap(logits_soft_cap, api + ".plan")
+        _attention.check_window(window_left, api + ".plan")
+        _attention.check_sm_scale(sm_scale, api + ".plan")
         self.module = _jit.module(_attention.PREFILL, device, api + ".plan", dtype=q_dtype,
                                   head_dim=head_dim, soft_cap=soft_cap is not None)
         qo_h, qo_len = _attention.indptr_lengths(qo_indptr, "qo_indptr", api + ".plan")
@@ -115,14 +119,16 @@ class _PrefillPlan:
         )
         self.q_dtype, self.causal, self.window_left, self.soft_cap = q_dtype, causal, window_left, soft_cap
         self.sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
-        dev = lambda t: t.to(device=device, dtype=torch.int32)  # noqa: E731
+        dev = lambda t: _attention.device_copy(t, device)  # noqa: E731 - buffers the plan owns
         self.tensors = dict(qo_indptr=dev(qo_indptr), kv_len=dev(kv_len_h), work_request=dev(request),
                             work_q_start=dev(q_start))
         self.num_items = request.numel()
         self.kernel, self.kv_contiguous = kernel, kv_contiguous
         self.fixed = {k: _jit.dl(t) for k, t in self.tensors.items()}
         self.fixed.update(sm_scale=self.sm_scale, soft_cap=self.soft_cap or 0.0, causal=causal,
-                          window_left=window_left, kernel=kernel, kv_contiguous=kv_contiguous)
+                          window_left=window_left, kernel=kernel, kv_contiguous=kv_contiguous,
+                          errors=_attention.error_record(device))
+        self.validate = device.type == "cuda" and env.get("KILN_VALIDATE_INDICES")
 
     def run(self, q, k_cache, v_cache, layout, pages, out, lse, return_lse):
         """`pages`: the page table as tensors (kv_indptr, kv_indices) and as DLPack capsules."""
@@ -154,6 +160,8 @@ class _PrefillPlan:
         self.module.prefill(q=dl(q), k_cache=dl(k_cache), v_cache=dl(v_cache), kv_layout=layout,
                             out=dl(out), lse=None if lse is None else dl(lse),
                             stream=_jit.stream_of(q.device), **page_capsules, **self.fixed)
+        if self.validate:
+            _attention.errors.check_errors(q.device)
         return (out, lse) if return_lse else out
 
 
@@ -173,7 +181,9 @@ def _prefill_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k
                    kv_len=dl(kv_len), work_request=dl(work_request), work_q_start=dl(work_q_start),
                    out=dl(out), lse=None if lse is None else dl(lse), sm_scale=sm_scale,
                    soft_cap=soft_cap, causal=causal, window_left=window_left, kernel=kernel,
-                   kv_contiguous=kv_contiguous, stream=_jit.stream_of(q.device))
+                   kv_contiguous=kv_contiguous, errors=_attention.error_record(q.device),
+                   stream=_jit.stream_of(q.device))
+    _attention.errors.after_launch(q.device)
 
 
 def _page_table(indptr: torch.Tensor, indices: torch.Tensor):
@@ -190,7 +200,7 @@ class _PrefillWrapper:
     def _setup(self, float_workspace_buffer: torch.Tensor, custom_mask_buf, backend: str) -> None:
         if custom_mask_buf is not None:
             raise ValueError(f"{self.API}: custom masks are not supported")
-        self._device = float_workspace_buffer.device
+        self._device = _attention.workspace_bytes(float_workspace_buffer, self.API).device
         self._kernel = _attention.prefill_kernel(backend, self._device, self.API)
         self._plan = None
 
@@ -253,6 +263,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
         kv_data_type=None,
         non_blocking: bool = True,
     ) -> None:
+        _attention.errors.poll(self._device)  # an index error of an earlier call (kiln/errors.py)
         if custom_mask is not None or packed_custom_mask is not None:
             raise ValueError(f"{self.API}.plan: custom masks are not supported")
         _, kv_len = _attention.paged_kv_lengths(
@@ -277,8 +288,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
             head_dim_vo,
             self._kernel,
         )
+        _attention.index_tensor(paged_kv_indices, "paged_kv_indices", self.API + ".plan")
         self._pages = _page_table(
-            paged_kv_indptr.to(self._device, torch.int32), paged_kv_indices.to(self._device, torch.int32)
+            _attention.device_copy(paged_kv_indptr, self._device),
+            _attention.device_copy(paged_kv_indices, self._device),
         )
         self._page_size = page_size
 
@@ -360,6 +373,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
         kv_data_type=None,
         non_blocking: bool = True,
     ) -> None:
+        _attention.errors.poll(self._device)  # an index error of an earlier call (kiln/errors.py)
         if custom_mask is not None or packed_custom_mask is not None:
             raise ValueError(f"{self.API}.plan: custom masks are not supported")
         kv_h, kv_len = _attention.indptr_lengths(kv_indptr, "kv_indptr", self.API + ".plan")
@@ -386,7 +400,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
         # Ragged KV = pages of one token, page b of request r at row kv_indptr[r] + b.
         self._total_kv = int(kv_h[-1])
         self._pages = _page_table(
-            kv_indptr.to(self._device, torch.int32),
+            _attention.device_copy(kv_indptr, self._device),
             torch.arange(self._total_kv, dtype=torch.int32, device=self._device),
         )
 

@@ -382,7 +382,7 @@ APPEND_SMALL = (
 
 GET_BATCH_INDICES_POSITIONS = TraceTemplate(
     name="get_batch_indices_positions",
-    target="//ops/attention:page",
+    target="//ops/attention:positions",
     description="request index and position of every appended token",
     axes={
         **{k: APPEND_AXES[k] for k in ("batch_size", "append_len", "kv_len")},

@@ -56,8 +56,8 @@ def decode_layer(wrapper, x, residual, w_norm, w_qkv, w_o, cache, batch_indices,
     o, lse = wrapper.run(q.contiguous(), cache, return_lse=True)
     o, lse = kiln.merge_state(o, lse, other_v, other_s)
     both_v, both_s = torch.stack([o, other_v], 1), torch.stack([lse, other_s], 1)
-    o2, _ = kiln.merge_states(both_v, both_s)
-    kiln.merge_state_in_place(o, lse, o2, lse)
+    o2, s2 = kiln.merge_states(both_v, both_s)
+    kiln.merge_state_in_place(o, lse, o2, s2)
     return o.reshape(-1, HQ * D) @ w_o
 
 

@@ -297,25 +297,55 @@ def test_bad_inputs(device):
         kiln.BatchDecodeWithPagedKVCacheWrapper(ws, use_cuda_graph=True)
     with pytest.raises(ValueError, match="kv_layout must be 'NHD' or 'HND'"):
         kiln.BatchDecodeWithPagedKVCacheWrapper(ws, kv_layout="NDH")
-    small = kiln.BatchDecodeWithPagedKVCacheWrapper(torch.empty(16, dtype=torch.uint8, device=device))
-    long_batch = make_paged([5000], 16, 2, 64, torch.float16, device, gen=gen)
-    with pytest.raises(ValueError, match="float_workspace_buffer has 16 bytes"):
-        small.plan(long_batch.indptr, long_batch.indices, long_batch.last_page_len, 4, 2, 64, 16,
-                   q_data_type=torch.float16)
+    with pytest.raises(ValueError, match="float_workspace_buffer has 16 bytes; kiln needs at least 1048576"):
+        kiln.BatchDecodeWithPagedKVCacheWrapper(torch.empty(16, dtype=torch.uint8, device=device))
+    with pytest.raises(TypeError, match="float_workspace_buffer must be a torch.uint8 tensor"):
+        kiln.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.float32, device=device))
+    with pytest.raises(ValueError, match="logits_soft_cap must be None, 0 .* got -5"):
+        w.plan(batch.indptr, batch.indices, batch.last_page_len, 4, 2, 64, 16, logits_soft_cap=-5.0)
+    with pytest.raises(ValueError, match="window_left must be -1 .* got -5"):
+        w.plan(batch.indptr, batch.indices, batch.last_page_len, 4, 2, 64, 16, window_left=-5)
+    with pytest.raises(TypeError, match="indptr must be an int32 tensor .* got torch.float32"):
+        w.plan(batch.indptr.float(), batch.indices, batch.last_page_len, 4, 2, 64, 16)
+    with pytest.raises(ValueError, match="sm_scale must be None .* got nan"):
+        w.plan(batch.indptr, batch.indices, batch.last_page_len, 4, 2, 64, 16, sm_scale=float("nan"))
+    # A plan whose split-KV partials need more than the buffer holds fails at plan, naming both.
+    graph_ws = torch.empty(1 << 20, dtype=torch.uint8, device=device)
+    bufs = {n: torch.zeros(k, dtype=torch.int32, device=device) for n, k in (
+        ("paged_kv_indptr_buffer", 5), ("paged_kv_indices_buffer", 64), ("paged_kv_last_page_len_buffer", 4))}
+    small = kiln.BatchDecodeWithPagedKVCacheWrapper(graph_ws, use_cuda_graph=True, **bufs)
+    big = make_paged([30] * 4, 16, 1, 256, torch.float16, device, gen=gen)
+    with pytest.raises(ValueError, match="float_workspace_buffer has 1048576 bytes; this plan's split-KV "
+                                         "partials need"):
+        small.plan(big.indptr, big.indices, big.last_page_len, 64, 1, 256, 16, q_data_type=torch.float16)
 
 
 @pytest.mark.parametrize("device", device_params())
-def test_out_of_range_indices_are_caught_when_validation_is_on(device, monkeypatch):
+def test_out_of_range_page_ids_are_an_index_error_naming_the_entry(device, monkeypatch):
+    """The host backend refuses at once; CUDA records it and raises at check_errors(), or at once
+    under KILN_VALIDATE_INDICES=1; the request's outputs are NaN, never a read past the cache."""
     gen = torch.Generator().manual_seed(2)
     batch = make_paged([20, 30], 16, 2, 64, torch.float16, device, gen=gen)
+    pages = batch.k_cache.shape[0]
     bad = batch.indices.clone()
-    bad[1] = batch.k_cache.shape[0] + 3
+    bad[1] = pages + 3
     w = kiln.BatchDecodeWithPagedKVCacheWrapper(workspace(device))
     w.plan(batch.indptr, bad, batch.last_page_len, 4, 2, 64, 16, q_data_type=torch.float16)
     q = torch.randn(2, 4, 64, generator=gen).to(device=device, dtype=torch.float16)
+    message = rf"kv_indices\[1\] = {pages + 3} is not a page of the cache: valid page ids are \[0, {pages}\)"
+    if device == "cpu":
+        with pytest.raises(IndexError, match=message):
+            w.run(q, (batch.k_cache, batch.v_cache))
+        return
+    out = w.run(q, (batch.k_cache, batch.v_cache))
+    torch.cuda.synchronize()
+    assert out[0].isnan().all() and out[1].isfinite().all()  # request 0 read the bad page
+    with pytest.raises(kiln.DeviceIndexError, match=message):
+        kiln.check_errors()
+    kiln.check_errors()  # reported once
     monkeypatch.setenv("KILN_VALIDATE_INDICES", "1")
-    with pytest.raises(ValueError, match=rf"page indices span \[\d+, {batch.k_cache.shape[0] + 3}\] but the "
-                                         rf"cache has {batch.k_cache.shape[0]} pages"):
+    w.plan(batch.indptr, bad, batch.last_page_len, 4, 2, 64, 16, q_data_type=torch.float16)
+    with pytest.raises(kiln.DeviceIndexError, match=message):
         w.run(q, (batch.k_cache, batch.v_cache))
 
 

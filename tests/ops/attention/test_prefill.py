@@ -226,7 +226,7 @@ def test_paged_stale_nan_slots_do_not_leak(backend, layout, head_dim):
     q = rand((sum(qo_lens), 4, head_dim), torch.bfloat16, "cuda", gen)
     with fa3_strict(backend):
         w = kiln.BatchPrefillWithPagedKVCacheWrapper(
-            torch.empty(16, dtype=torch.uint8, device="cuda"), layout, backend=backend
+            torch.empty(1 << 20, dtype=torch.uint8, device="cuda"), layout, backend=backend
         )
     w.plan(qo_indptr, batch.indptr, batch.indices, batch.last_page_len, 4, 2, head_dim, page,
            causal=True, q_data_type=torch.bfloat16)
@@ -267,7 +267,7 @@ def test_property_host(lens, page, causal, window, seed):
     batch = make_paged(kv_lens, page, 2, 64, torch.float16, "cpu", gen=gen)
     qo_indptr = torch.tensor([0] + list(torch.tensor(qo_lens).cumsum(0)), dtype=torch.int32)
     q = rand((sum(qo_lens), 4, 64), torch.float16, "cpu", gen)
-    w = kiln.BatchPrefillWithPagedKVCacheWrapper(torch.empty(16, dtype=torch.uint8))
+    w = kiln.BatchPrefillWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
     w.plan(
         qo_indptr,
         batch.indptr,
@@ -309,7 +309,7 @@ def test_property_cuda(backend, lens, page, causal, head_dim, seed):
     q = rand((sum(qo_lens), 8, head_dim), torch.bfloat16, "cuda", gen)
     with fa3_strict(backend, served=page in (16, 64)):  # pages of 1 and 7 fall back to fa2
         w = kiln.BatchPrefillWithPagedKVCacheWrapper(
-            torch.empty(16, dtype=torch.uint8, device="cuda"), backend=backend
+            torch.empty(1 << 20, dtype=torch.uint8, device="cuda"), backend=backend
         )
     w.plan(
         qo_indptr,
@@ -345,7 +345,7 @@ def test_bad_inputs(device):
         )
     with pytest.raises(ValueError, match="pos_encoding_mode 'ROPE_LLAMA' is not supported"):
         kiln.single_prefill_with_kv_cache(q, k, k, pos_encoding_mode="ROPE_LLAMA")
-    ws = torch.empty(16, dtype=torch.uint8, device=device)
+    ws = torch.empty(1 << 20, dtype=torch.uint8, device=device)
     w = kiln.BatchPrefillWithRaggedKVCacheWrapper(ws)
     with pytest.raises(RuntimeError, match="run called before plan"):
         w.run(q, k, k)
@@ -372,7 +372,7 @@ def test_backend_argument(device):
     """FlashInfer's backend names; fa3 only on compute capability 9.0, a clear error elsewhere."""
     gen = torch.Generator().manual_seed(1)
     q, k = rand((9, 4, 64), torch.float16, device, gen), rand((9, 2, 64), torch.float16, device, gen)
-    ws = torch.empty(16, dtype=torch.uint8, device=device)
+    ws = torch.empty(1 << 20, dtype=torch.uint8, device=device)
     ref = kiln.single_prefill_with_kv_cache(q, k, k, causal=True, backend="fa2")
     torch.testing.assert_close(
         kiln.single_prefill_with_kv_cache(q, k, k, causal=True), ref, rtol=4e-3, atol=4e-3

@@ -1,0 +1,74 @@
+"""Out-of-range page ids under compute-sanitizer's memcheck: decode, prefill (both kernels) and
+append each get a page table with a page id past the cache. The kernels must make no out-of-bounds
+access at all (the sanitizer reports zero errors) and the call must end in a clear Python error
+naming the argument, the value and the valid range (kiln.check_errors)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO
+
+CASE = r"""
+import sys, torch, kiln
+dev = torch.device("cuda")
+which = sys.argv[1]
+pages, page, hk, hq, d = 8, 16, 2, 4, 128
+k = torch.randn(pages, page, hk, d, device=dev, dtype=torch.bfloat16)
+v = torch.randn_like(k)
+indptr = torch.tensor([0, 2], dtype=torch.int32, device=dev)
+bad = torch.tensor([3, 1 << 20], dtype=torch.int32, device=dev)  # the second page id is past the cache
+last = torch.tensor([16], dtype=torch.int32, device=dev)
+ws = torch.empty(16 << 20, dtype=torch.uint8, device=dev)
+if which == "decode":
+    w = kiln.BatchDecodeWithPagedKVCacheWrapper(ws)
+    w.plan(indptr, bad, last, hq, hk, d, page, q_data_type=torch.bfloat16)
+    out = w.run(torch.randn(1, hq, d, device=dev, dtype=torch.bfloat16), (k, v))
+elif which in ("prefill_fa2", "prefill_fa3"):
+    w = kiln.BatchPrefillWithPagedKVCacheWrapper(ws, backend=which.split("_")[1])
+    w.plan(torch.tensor([0, 20], dtype=torch.int32), indptr, bad, last, hq, hk, d, page, causal=True,
+           q_data_type=torch.bfloat16)
+    out = w.run(torch.randn(20, hq, d, device=dev, dtype=torch.bfloat16), (k, v))
+elif which == "append":
+    key = torch.randn(1, hk, d, device=dev, dtype=torch.bfloat16)
+    kiln.append_paged_kv_cache(key, key.clone(), torch.zeros(1, dtype=torch.int32, device=dev),
+                               torch.tensor([20], dtype=torch.int32, device=dev), (k, v), bad, indptr, last)
+    out = None
+torch.cuda.synchronize()
+if out is not None:
+    assert out.isnan().any(), "the work of the bad page was not skipped"
+try:
+    kiln.check_errors()
+except kiln.DeviceIndexError as e:
+    print("PYTHON ERROR:", e)
+    sys.exit(0)
+print("NO ERROR REPORTED")
+sys.exit(3)
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("which", ["decode", "prefill_fa2", "prefill_fa3", "append"])
+def test_a_bad_page_id_makes_no_out_of_bounds_access_and_a_clear_error(which, tmp_path):
+    import torch
+
+    if which == "prefill_fa3" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the fa3 kernel runs on compute capability 9.0 only")
+    sanitizer = shutil.which("compute-sanitizer")
+    if sanitizer is None:
+        pytest.skip("compute-sanitizer is not on PATH")
+    path = os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path, KILN_PREFILL_FA3_STRICT="1")
+    command = [sanitizer, "--tool", "memcheck", "--error-exitcode", "9", sys.executable, "-c", CASE, which]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    out = proc.stdout + proc.stderr
+    summary = re.search(r"ERROR SUMMARY: (\d+) error", out)
+    assert summary and summary[1] == "0", out[-4000:]
+    assert proc.returncode == 0, out[-4000:]
+    assert "PYTHON ERROR:" in out and "kv_indices[1] = 1048576 is not a page of the cache" in out, out[-4000:]
+    assert "[0, 8)" in out
