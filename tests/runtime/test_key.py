@@ -82,12 +82,12 @@ def test_key_changes_with_the_toolchain_identity(toy, tmp_path, monkeypatch):
     assert _key(toy_spec(toy), ws) != before
 
 
-def test_key_changes_with_debug_builds_but_not_with_verbosity(toy, tmp_path, monkeypatch):
+def test_key_changes_with_debug_builds_but_not_with_verbosity(toy, tmp_path, kiln_env):
     ws = Workspace(tmp_path / "ws")
     before = _key(toy_spec(toy), ws)
-    monkeypatch.setenv("KILN_JIT_VERBOSE", "1")
+    kiln_env.set("KILN_JIT_VERBOSE", "1")
     assert _key(toy_spec(toy), ws) == before
-    monkeypatch.setenv("KILN_JIT_DEBUG", "1")
+    kiln_env.set("KILN_JIT_DEBUG", "1")
     assert _key(toy_spec(toy), ws) != before
 
 

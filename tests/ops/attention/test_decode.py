@@ -304,7 +304,7 @@ def test_bad_inputs(device):
 
 
 @pytest.mark.parametrize("device", device_params())
-def test_out_of_range_indices_are_caught_when_validation_is_on(device, monkeypatch):
+def test_out_of_range_indices_are_caught_when_validation_is_on(device, kiln_env):
     gen = torch.Generator().manual_seed(2)
     batch = make_paged([20, 30], 16, 2, 64, torch.float16, device, gen=gen)
     bad = batch.indices.clone()
@@ -312,7 +312,7 @@ def test_out_of_range_indices_are_caught_when_validation_is_on(device, monkeypat
     w = kiln.BatchDecodeWithPagedKVCacheWrapper(workspace(device))
     w.plan(batch.indptr, bad, batch.last_page_len, 4, 2, 64, 16, q_data_type=torch.float16)
     q = torch.randn(2, 4, 64, generator=gen).to(device=device, dtype=torch.float16)
-    monkeypatch.setenv("KILN_VALIDATE_INDICES", "1")
+    kiln_env.set("KILN_VALIDATE_INDICES", "1")
     with pytest.raises(ValueError, match=rf"page indices span \[\d+, {batch.k_cache.shape[0] + 3}\] but the "
                                          rf"cache has {batch.k_cache.shape[0]} pages"):
         w.run(q, (batch.k_cache, batch.v_cache))

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from paged import make_paged
 
 import kiln
+from kiln.runtime import env
 
 # The kernel rounds P to the dtype for P V and the output once; the reference is float32.
 TOL = {torch.float16: (4e-3, 4e-3), torch.bfloat16: (2.5e-2, 2.5e-2)}
@@ -82,6 +83,7 @@ def fa3_strict(backend, served=True):
         return
     old = os.environ.get("KILN_PREFILL_FA3_STRICT")
     os.environ["KILN_PREFILL_FA3_STRICT"] = "1"
+    env.reload()
     try:
         yield
     finally:
@@ -89,6 +91,7 @@ def fa3_strict(backend, served=True):
             del os.environ["KILN_PREFILL_FA3_STRICT"]
         else:
             os.environ["KILN_PREFILL_FA3_STRICT"] = old
+        env.reload()
 
 
 @pytest.mark.parametrize("device", device_params())
@@ -412,14 +415,14 @@ def test_backend_argument(device):
                 make("fa3")
 
 
-def test_auto_backend_picks_fa3_on_sm90_only(monkeypatch):
+def test_auto_backend_picks_fa3_on_sm90_only(monkeypatch, kiln_env):
     """backend="auto" asks for the sm90a kernel on compute capability 9.0 (faster there on every
     measured shape: docs/perf/prefill.md) and the fa2 kernel on every other device."""
     from kiln import _attention
 
     cuda = torch.device("cuda", 0)
     cpu = torch.device("cpu")
-    monkeypatch.delenv("KILN_PREFILL_FA3_STRICT", raising=False)
+    kiln_env.unset("KILN_PREFILL_FA3_STRICT")
     for cc, expected in (((9, 0), 1), ((8, 0), 0), ((8, 9), 0), ((10, 0), 0), ((12, 0), 0)):
         monkeypatch.setattr(_attention.utils, "compute_capability", lambda device, cc=cc: cc)
         _attention._is_sm90.cache_clear()
@@ -427,7 +430,7 @@ def test_auto_backend_picks_fa3_on_sm90_only(monkeypatch):
         assert _attention.prefill_kernel("fa2", cuda, "api") == 0
     assert _attention.prefill_kernel("auto", cpu, "api") == 0
     # KILN_PREFILL_FA3_STRICT turns auto's fallback on 9.0 into an error too (docs/env.md).
-    monkeypatch.setenv("KILN_PREFILL_FA3_STRICT", "1")
+    kiln_env.set("KILN_PREFILL_FA3_STRICT", "1")
     monkeypatch.setattr(_attention.utils, "compute_capability", lambda device: (9, 0))
     _attention._is_sm90.cache_clear()
     assert _attention.prefill_kernel("auto", cuda, "api") == 2
