@@ -1,5 +1,6 @@
-"""Test helpers shared across test modules: a toy compile spec with a fast-compiling unit, and
-subprocess runners."""
+"""Test helpers shared across test modules: a toy compile spec with a fast-compiling unit (and an
+optional second unit that does not read the toy's header), a "planted" library whose constructor
+leaves a marker file (code that must never run), and subprocess runners."""
 
 from __future__ import annotations
 
@@ -33,26 +34,36 @@ TOY_UNIT = textwrap.dedent(
 )
 
 
+# The second unit of a two-unit toy: it reads no toy header, so a header edit leaves it alone.
+EXTRA_UNIT = "int kiln_toy_extra() { return 1; }\n"
+
+
 def make_toy_sources(root: Path, value: int = 42) -> Path:
-    """Write toy.cc and include/toy_value.h under `root`; returns root."""
+    """Write toy.cc, extra.cc and include/toy_value.h under `root`; returns root."""
     (root / "include").mkdir(parents=True, exist_ok=True)
     (root / "toy.cc").write_text(TOY_UNIT)
+    (root / "extra.cc").write_text(EXTRA_UNIT)
     (root / "include" / "toy_value.h").write_text(f"#pragma once\n#define TOY_VALUE {value}\n")
     return root
 
 
-def toy_spec(root: Path, name: str = "toy_module", flags: tuple[str, ...] = ()) -> CompileSpec:
-    src = root / "toy.cc"
+def toy_spec(root: Path, name: str = "toy_module", flags: tuple[str, ...] = (),
+             units: tuple[str, ...] = ("toy.cc",)) -> CompileSpec:
+    """The toy module (answer() returns TOY_VALUE); units=("toy.cc", "extra.cc") for two units."""
+    srcs = [root / u for u in units]
 
-    def generate(out_dir: Path) -> None:
-        (out_dir / "toy.cc").write_bytes(src.read_bytes())
+    def generate(out_dir: Path) -> None:  # like codegen's render: write only what changed
+        for src in srcs:
+            dest, data = out_dir / src.name, src.read_bytes()
+            if not dest.is_file() or dest.read_bytes() != data:
+                dest.write_bytes(data)
 
     return CompileSpec(
         name=name,
         uri=name,
         toolchain="host",
-        units=(Unit("toy.cc", "cxx"),),
-        inputs=(src,),
+        units=tuple(Unit(u, "cxx") for u in units),
+        inputs=tuple(srcs),
         include_dirs=(str(root / "include"),),
         cxx_flags=("-O0", "-fPIC", "-fvisibility=hidden", *flags),
         label="//tests:toy",
@@ -78,3 +89,39 @@ def device_params():
     """['cpu', 'cuda' (marked gpu)]: every op test runs on the host backend, and on CUDA where a
     device is present."""
     return [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+
+
+PLANTED_UNIT = textwrap.dedent(
+    """\
+    // Planted: a valid extension of the toy's name whose constructor leaves a marker file. A test
+    // that plants it asserts the marker never appears: kiln must never load or link it.
+    #include <Python.h>
+    #include <stdio.h>
+    __attribute__((constructor)) static void planted() {
+      FILE* f = fopen(MARKER, "w");
+      if (f) fclose(f);
+    }
+    #ifndef NO_MODULE
+    static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, MODULE, nullptr, -1, nullptr};
+    extern "C" __attribute__((visibility("default"))) PyObject* INIT(void) {
+      return PyModule_Create(&def);
+    }
+    #endif
+    """
+)
+
+
+def build_planted(out: Path, marker: Path, module: str = "toy_module",
+                  kind: str = "library") -> Path:
+    """Compile the planted code into `out`: a shared library (kind "library") or an object file
+    ("object", no module init: an extra unit that would be linked in)."""
+    import sysconfig
+
+    src = out.with_suffix(".planted.cc")
+    src.write_text(PLANTED_UNIT)
+    defines = [f'-DMARKER="{marker}"', f'-DMODULE="{module}"', f"-DINIT=PyInit_{module}"]
+    cmd = ["c++", "-fPIC", "-O0", f"-I{sysconfig.get_paths()['include']}", *defines]
+    cmd += ["-shared", "-o", str(out), str(src)] if kind == "library" else \
+           ["-DNO_MODULE", "-c", "-o", str(out), str(src)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return out
