@@ -31,7 +31,8 @@ class Repository:
     def __init__(self, root: Path):
         self.root = root
         self.requests: collections.Counter = collections.Counter()
-        self.rules: dict[str, str] = {}  # path suffix -> "404" | "tamper" | "truncate" | "drop_once" | "slow"
+        # path suffix -> "404" | "tamper" | "truncate" | "drop_once" | "slow" | "trickle"
+        self.rules: dict[str, str] = {}
         self.delay = 0.0
         self.active = 0
         self.max_active = 0
@@ -84,6 +85,14 @@ class Repository:
         h.end_headers()
         if rule == "drop_once" and count == 1:
             h.wfile.write(data[: len(data) // 3])  # then the connection closes
+            return
+        if rule == "trickle":  # a byte every 20 ms: never idle for a whole timeout
+            try:
+                for i in range(len(data)):
+                    h.wfile.write(data[i:i + 1])
+                    time.sleep(0.02)
+            except OSError:
+                pass  # the client gave up
             return
         h.wfile.write(data)
 
@@ -195,6 +204,27 @@ def test_a_slow_server_times_out_after_the_retries_never_hangs(release, repo, en
         load(release)
     assert time.monotonic() - start < 4.5  # 1 s timeout, 0.5 s backoff, 1 s timeout
     assert repo.file_requests() == 2
+
+
+def test_a_trickling_server_hits_the_overall_deadline_and_releases_the_lock(release, repo, env,
+                                                                            kiln_env):
+    """The timeout bounded each read only: a server sending a byte a second kept a 228 KB
+    download, and its lock, going for about 63 hours."""
+    from kiln.runtime.lock import ModuleLock
+
+    repo.rules[".so"] = "trickle"
+    kiln_env.set(KILN_DOWNLOAD_DEADLINE="2", KILN_DOWNLOAD_TIMEOUT="1")
+    start = time.monotonic()
+    with pytest.raises(ArtifactError, match=r"gave up on .*toy_module.* after 2s \(\d+ of \d+ bytes "
+                                            r"received\): KILN_DOWNLOAD_DEADLINE=2"):
+        load(release)
+    assert time.monotonic() - start < 4  # the deadline, plus at most one wait for data
+    assert repo.file_requests() == 1  # never retried past the deadline
+    locks = [ModuleLock(path, "the download") for path in env.downloads.rglob(".*.lock")]
+    assert locks and all(lock.try_acquire() for lock in locks)  # nobody holds them
+    for lock in locks:
+        lock.release()
+    assert not list(env.downloads.rglob("*.part")) and not list(env.downloads.rglob("*.so"))
 
 
 def test_a_mirror_replaces_the_repository(release, env, kiln_env):

@@ -38,6 +38,9 @@ def test_integers(kiln_env):
     kiln_env.set("MAX_JOBS", "-1")
     with pytest.raises(env.EnvError, match=">= 0"):
         env.get("MAX_JOBS")
+    kiln_env.set(MAX_JOBS="2", KILN_DOWNLOAD_DEADLINE="0")
+    with pytest.raises(env.EnvError, match="KILN_DOWNLOAD_DEADLINE='0' must be >= 1"):
+        env.get("MAX_JOBS")
 
 
 def test_values_with_a_fixed_set_are_checked_and_normalised(kiln_env):

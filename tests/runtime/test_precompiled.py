@@ -8,7 +8,7 @@ import stat
 
 import pytest
 from helpers import toy_spec
-from precompiled_helpers import build_toy_release, edit_manifest, install_package, set_version
+from precompiled_helpers import build_toy_release, edit_manifest, install_package, set_version, write_pins
 
 from kiln.runtime import build, jit, precompiled, sources
 from kiln.runtime.files import UntrustedPath
@@ -232,3 +232,22 @@ def test_portable_flags_are_the_exact_flags_less_machine_paths(kiln_env, toolcha
         dropped = [f for f in exact[kind] if f not in flags]
         assert all(f.startswith(("-I", "-isystem", "-L", "-ccbin", "-gencode")) for f in dropped), dropped
     assert ("-lineinfo" in p.portable_parts["flags"]["cuda"]) is (toolchain == "cuda")
+
+
+def test_an_installed_package_is_checked_against_the_pin_of_its_release(release, installed, ws,
+                                                                        kiln_env, tmp_path):
+    """Installed packages were checked against their own manifest only, so a consistent re-sign
+    of library and manifest loaded. When this kiln pins the package's release, the manifest must
+    be the pinned one."""
+    kiln_env.set("KILN_DISABLE_JIT", "1")
+    pins = write_pins(tmp_path / "pins.json", installed)  # the package as released
+    kiln_env.set("KILN_ARTIFACT_PINS", str(pins))
+    assert jit.load(toy_spec(release[0])).answer() == 42
+    jit.clear_memory_cache()
+    # Re-signed: a changed manifest, consistent with itself (keys recomputed) and with its files.
+    edit_manifest(installed, lambda d: d.update(created_at=d["created_at"] + 1))
+    with pytest.raises(precompiled.PrecompiledError, match=r"this kiln pins release "
+                       r"[^ ]+/host/[^ ]+ to [0-9a-f]{64}: the package is not the one released"):
+        jit.load(toy_spec(release[0]))
+    kiln_env.unset("KILN_ARTIFACT_PINS")  # a release this kiln does not pin: its own manifest
+    assert jit.load(toy_spec(release[0])).answer() == 42

@@ -147,8 +147,11 @@ _KNOBS = (
     Knob("KILN_DOWNLOAD_JOBS", "int", 4,
          "Parallel downloads at most (R7.5); 0 counts as 1."),
     Knob("KILN_DOWNLOAD_TIMEOUT", "int", 30,
-         "Seconds a download may wait for the server (to connect, or between two reads) before the "
-         "attempt fails and is retried."),
+         "Seconds a download may wait for the server (to connect, or for any data) before the "
+         "attempt fails and is retried; 0 counts as 1."),
+    Knob("KILN_DOWNLOAD_DEADLINE", "int", 600,
+         "Seconds one file's download may take in all, retries included; then it fails and "
+         "releases its lock.", minimum=1),
     Knob("KILN_DOWNLOAD_RETRIES", "int", 3,
          "Retries of a download after a transient failure (timeout, dropped connection, 5xx), with "
          "exponential backoff from 0.5 s."),
