@@ -23,6 +23,7 @@ os.environ["KILN_WORKSPACE_BASE"] = _SESSION_WS
 # Tests choose archs themselves; an arch list from the caller's shell would change what they build.
 os.environ.pop("KILN_CUDA_ARCH_LIST", None)
 for knob in ("KILN_DISABLE_JIT", "KILN_NO_CACHE", "KILN_JIT_DEBUG", "KILN_JIT_LINEINFO",
+             "KILN_JIT_ASAN",  # tests that build with AddressSanitizer set it in their child
              # nor where precompiled modules come from: tests that need those set them
              "KILN_ARTIFACT_DIR", "KILN_ARTIFACT_REPOSITORY", "KILN_ARTIFACT_PINS", "KILN_OFFLINE",
              "KILN_VERIFY_CHECKSUMS", "KILN_SKIP_VERSION_CHECK"):

@@ -48,7 +48,7 @@ def make_toy_sources(root: Path, value: int = 42) -> Path:
 
 
 def toy_spec(root: Path, name: str = "toy_module", flags: tuple[str, ...] = (),
-             units: tuple[str, ...] = ("toy.cc",)) -> CompileSpec:
+             units: tuple[str, ...] = ("toy.cc",), ldflags: tuple[str, ...] = ()) -> CompileSpec:
     """The toy module (answer() returns TOY_VALUE); units=("toy.cc", "extra.cc") for two units."""
     srcs = [root / u for u in units]
 
@@ -66,6 +66,7 @@ def toy_spec(root: Path, name: str = "toy_module", flags: tuple[str, ...] = (),
         inputs=tuple(srcs),
         include_dirs=(str(root / "include"),),
         cxx_flags=("-O0", "-fPIC", "-fvisibility=hidden", *flags),
+        ldflags=ldflags,
         label="//tests:toy",
         generate=generate,
     )
@@ -125,3 +126,60 @@ def build_planted(out: Path, marker: Path, module: str = "toy_module",
            ["-DNO_MODULE", "-c", "-o", str(out), str(src)]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return out
+
+
+POKE_UNIT = textwrap.dedent(
+    """\
+    // A toy with a planted out-of-bounds write: poke(i) stores to element i of an 8-int heap
+    // array, so poke(8) writes one past its end (what AddressSanitizer must report).
+    #include <Python.h>
+    #define KILN_STR2(x) #x
+    #define KILN_STR(x) KILN_STR2(x)
+    #define KILN_CAT2(a, b) a##b
+    #define KILN_CAT(a, b) KILN_CAT2(a, b)
+    static PyObject* poke(PyObject*, PyObject* arg) {
+      long i = PyLong_AsLong(arg);
+      int* volatile b = new int[8]();
+      b[i] = 1;
+      long v = b[0];
+      delete[] b;
+      return PyLong_FromLong(v);
+    }
+    static PyMethodDef methods[] = {{"poke", poke, METH_O, "write element i of 8"},
+                                    {nullptr, nullptr, 0, nullptr}};
+    static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, KILN_STR(KILN_MODULE_NAME), nullptr, -1, methods};
+    PyMODINIT_FUNC KILN_CAT(PyInit_, KILN_MODULE_NAME)(void) { return PyModule_Create(&def); }
+    """
+)
+
+
+def make_poke_source(root: Path) -> Path:
+    """Write poke.cc (the toy with an out-of-bounds write) under `root`; toy_spec(root,
+    units=("poke.cc",)) builds it."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "poke.cc").write_text(POKE_UNIT)
+    return root
+
+
+def asan_runtime() -> str | None:
+    """The host compiler's shared AddressSanitizer runtime, or None without one."""
+    try:
+        out = subprocess.run(["c++", "-print-file-name=libasan.so"], capture_output=True,
+                             text=True, timeout=60).stdout.strip()
+    except OSError:
+        return None
+    return out if os.path.isabs(out) and os.path.exists(out) else None
+
+
+def run_asan_python(code: str, env: dict | None = None, timeout: float = 600,
+                    check: bool = False) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter with the ASan runtime preloaded (what loading a
+    KILN_JIT_ASAN=1 module needs): LD_PRELOAD=$(c++ -print-file-name=libasan.so),
+    ASAN_OPTIONS=detect_leaks=0 (CPython's own allocations would all be reported at exit). An
+    ASan report makes the child exit non-zero with "AddressSanitizer" in its stderr."""
+    runtime = asan_runtime()
+    if runtime is None:
+        pytest.skip("the host compiler has no AddressSanitizer runtime (libasan.so)")
+    preload = os.pathsep.join(filter(None, [runtime, os.environ.get("LD_PRELOAD")]))
+    return run_python(code, env={"LD_PRELOAD": preload, "ASAN_OPTIONS": "detect_leaks=0",
+                                 **(env or {})}, timeout=timeout, check=check)

@@ -74,6 +74,7 @@ def test_defaults_and_paths(kiln_env):
 def test_build_affecting_knobs_are_in_the_key_set(kiln_env):
     kiln_env.set("KILN_JIT_DEBUG", "1")
     assert env.build_affecting()["KILN_JIT_DEBUG"] is True
+    assert env.build_affecting()["KILN_JIT_ASAN"] is False
     assert "KILN_JIT_VERBOSE" not in env.build_affecting()  # verbosity never changes a build
 
 

@@ -79,6 +79,10 @@ _KNOBS = (
     Knob("KILN_JIT_LINEINFO", "bool", False,
          "Add -lineinfo to device code for profilers and sanitizers (own cache key).",
          affects_build=True),
+    Knob("KILN_JIT_ASAN", "bool", False,
+         "Build host-toolchain modules with AddressSanitizer (-fsanitize=address): a debug build "
+         "with its own cache key; loading one needs the ASan runtime preloaded.",
+         affects_build=True),
     Knob("KILN_NO_CACHE", "bool", False,
          "Build into a temporary directory and load from there; nothing is reused or kept."),
     Knob("KILN_JIT_LOCK_TIMEOUT", "int", 1800,

@@ -39,6 +39,27 @@ class JITDisabledError(RuntimeError):
     pass
 
 
+class SanitizerRuntimeError(RuntimeError):
+    """A module built with AddressSanitizer cannot be loaded into a process without its runtime."""
+
+
+def _asan_runtime_loaded() -> bool:
+    import ctypes
+
+    return hasattr(ctypes.CDLL(None), "__asan_init")
+
+
+def _check_sanitizer(p: BuildPlan) -> None:
+    """An ASan-instrumented module loaded into a process whose ASan runtime was not loaded first
+    aborts the process; say what to do instead."""
+    if "-fsanitize=address" in p.link_flags and not _asan_runtime_loaded():
+        raise SanitizerRuntimeError(
+            f"kiln: {p.describe()} is built with AddressSanitizer (KILN_JIT_ASAN=1), and loading "
+            "it needs the ASan runtime loaded before anything else: run Python as "
+            "LD_PRELOAD=$(c++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 python ... "
+            "(docs/troubleshooting.md), or unset KILN_JIT_ASAN.")
+
+
 @dataclass
 class Stats:
     """Per-process counters, for tests and `python -m kiln env`."""
@@ -68,6 +89,7 @@ def check(p: BuildPlan) -> tuple[metadata.Metadata | None, str | None]:
 
 
 def _load_published(p: BuildPlan, md: metadata.Metadata, key_dir: Path) -> ModuleType:
+    _check_sanitizer(p)
     module = import_library(p.spec.name, key_dir / md.library)
     logger().debug("kiln: loaded %s from %s", p.describe(), key_dir / md.library)
     return module
@@ -190,5 +212,5 @@ def clear_memory_cache() -> None:
         _loaded.clear()
 
 
-__all__ = ["load", "build", "check", "verify", "plan", "stats", "JITDisabledError", "sources",
-           "BUILD_COMMAND"]
+__all__ = ["load", "build", "check", "verify", "plan", "stats", "JITDisabledError",
+           "SanitizerRuntimeError", "sources", "BUILD_COMMAND"]
