@@ -37,7 +37,7 @@ def test_action_key_depends_on_every_header_digest():
     deps = [key.Dep("/a.h", 1, 1, "aa"), key.Dep("/b.h", 1, 1, "bb")]
     k1 = key.action_key("spec", deps)
     assert k1 == key.action_key("spec", list(reversed(deps)))  # order-independent
-    assert k1 != key.action_key("spec", [deps[0], dataclasses.replace(deps[1], sha256="bc")])
+    assert k1 != key.action_key("spec", [deps[0], deps[1]._replace(sha256="bc")])
     assert k1 != key.action_key("spec2", deps)
 
 
