@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kiln.runtime import arch as arch_mod
 from kiln.runtime import build as rt_build
-from kiln.runtime import jit, ninja, resources
+from kiln.runtime import jit, metadata, ninja, resources
 from kiln.runtime.arch import ArchContext, ArchError
 from kiln.runtime.lock import ModuleLock
 from kiln.runtime.spec import CompileSpec
@@ -207,15 +207,16 @@ def cmd_explain(args) -> int:
         others = []
         for d in p.module_dir.glob("*/metadata.json") if p.module_dir.exists() else []:
             try:
-                others.append(json.loads(d.read_text()))
-            except ValueError:
+                md_other = metadata.read(d.parent)  # strict: a damaged one is skipped
+            except metadata.CorruptMetadata:
                 continue
-        others = [o for o in others if o.get("spec_key") != p.spec_key]
+            if md_other is not None and md_other.spec_key != p.spec_key:
+                others.append(md_other)
         if others:
-            last = max(others, key=lambda o: o.get("built_at", 0))
+            last = max(others, key=lambda o: o.built_at)
             print("  compared with the last build of this module "
-                  f"({time.ctime(last.get('built_at', 0))}), the key changed in:")
-            for line in _diff_parts(last.get("key_parts", {}), p.key_parts):
+                  f"({time.ctime(last.built_at)}), the key changed in:")
+            for line in _diff_parts(last.key_parts, p.key_parts):
                 print(f"    {line}")
     return 0
 
