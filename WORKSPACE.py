@@ -53,6 +53,10 @@ TOOLCHAINS = {
         "about": "the C++ compiler (CXX, else c++/g++): the CPU backend of every op",
         "cxx_flags": ("-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-DNDEBUG"),
         "debug_cxx_flags": ("-O0", "-g", "-std=c++17", "-fPIC", "-fvisibility=hidden"),
+        # KILN_JIT_ASAN=1: added to the compile and link flags of every host module (a separate
+        # build with its own cache key). Loading one needs the ASan runtime preloaded
+        # (LD_PRELOAD=$(c++ -print-file-name=libasan.so); docs/env.md).
+        "asan_flags": ("-fsanitize=address", "-fno-omit-frame-pointer"),
     },
     "cuda": {
         "about": "nvcc (KILN_NVCC, else CUDA_HOME/bin/nvcc, else nvcc on PATH) for device code",

@@ -1,8 +1,12 @@
 """Shared test setup: a private workspace for the session, device parametrisation through kiln's
-capability helpers (R4.2-6), and the `gpu` marker wiring.
+capability helpers (R4.2-6), the `gpu` marker wiring, and the environment fixtures.
 
 Tests never touch ~/.cache/kiln: the session uses a fresh KILN_WORKSPACE_BASE (or
 KILN_TEST_WORKSPACE, to keep compiled modules across local runs).
+
+kiln parses its KILN_* settings once, on first use (runtime/env.py). So a test changes a setting
+through the `kiln_env` fixture, which sets the variable and makes kiln read the environment again
+(and restores both afterwards); every test starts and ends with a fresh read.
 """
 
 from __future__ import annotations
@@ -12,11 +16,14 @@ import tempfile
 
 import pytest
 
+from kiln.runtime import env as kiln_env_table
+
 _SESSION_WS = os.environ.get("KILN_TEST_WORKSPACE") or tempfile.mkdtemp(prefix="kiln-test-ws-")
 os.environ["KILN_WORKSPACE_BASE"] = _SESSION_WS
 # Tests choose archs themselves; an arch list from the caller's shell would change what they build.
 os.environ.pop("KILN_CUDA_ARCH_LIST", None)
 for knob in ("KILN_DISABLE_JIT", "KILN_NO_CACHE", "KILN_JIT_DEBUG", "KILN_JIT_LINEINFO",
+             "KILN_JIT_ASAN",  # tests that build with AddressSanitizer set it in their child
              # nor where precompiled modules come from: tests that need those set them
              "KILN_ARTIFACT_DIR", "KILN_ARTIFACT_REPOSITORY", "KILN_ARTIFACT_PINS", "KILN_OFFLINE",
              "KILN_VERIFY_CHECKSUMS", "KILN_SKIP_VERSION_CHECK"):
@@ -43,3 +50,37 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def session_workspace() -> str:
     return _SESSION_WS
+
+
+@pytest.fixture(autouse=True)
+def _fresh_settings():
+    """Every test reads the environment afresh, and leaves no parsed settings behind."""
+    kiln_env_table.reload()
+    yield
+    kiln_env_table.reload()
+
+
+class KilnEnv:
+    """Sets and unsets environment variables for one test, and has kiln re-read them each time."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        self._mp = monkeypatch
+
+    def set(self, name: str | None = None, value: object = None, **values: object) -> None:
+        """set("KILN_X", "1") or set(KILN_X="1", KILN_Y="0")."""
+        if name is not None:
+            values[name] = value
+        for k, v in values.items():
+            self._mp.setenv(k, str(v))
+        kiln_env_table.reload()
+
+    def unset(self, *names: str) -> None:
+        for name in names:
+            self._mp.delenv(name, raising=False)
+        kiln_env_table.reload()
+
+
+@pytest.fixture
+def kiln_env(monkeypatch) -> KilnEnv:
+    """kiln_env.set("KILN_DISABLE_JIT", "1"), kiln_env.unset(...): restored after the test."""
+    return KilnEnv(monkeypatch)

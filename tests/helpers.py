@@ -1,5 +1,6 @@
-"""Test helpers shared across test modules: a toy compile spec with a fast-compiling unit, and
-subprocess runners."""
+"""Test helpers shared across test modules: a toy compile spec with a fast-compiling unit (and an
+optional second unit that does not read the toy's header), a "planted" library whose constructor
+leaves a marker file (code that must never run), and subprocess runners."""
 
 from __future__ import annotations
 
@@ -33,28 +34,39 @@ TOY_UNIT = textwrap.dedent(
 )
 
 
+# The second unit of a two-unit toy: it reads no toy header, so a header edit leaves it alone.
+EXTRA_UNIT = "int kiln_toy_extra() { return 1; }\n"
+
+
 def make_toy_sources(root: Path, value: int = 42) -> Path:
-    """Write toy.cc and include/toy_value.h under `root`; returns root."""
+    """Write toy.cc, extra.cc and include/toy_value.h under `root`; returns root."""
     (root / "include").mkdir(parents=True, exist_ok=True)
     (root / "toy.cc").write_text(TOY_UNIT)
+    (root / "extra.cc").write_text(EXTRA_UNIT)
     (root / "include" / "toy_value.h").write_text(f"#pragma once\n#define TOY_VALUE {value}\n")
     return root
 
 
-def toy_spec(root: Path, name: str = "toy_module", flags: tuple[str, ...] = ()) -> CompileSpec:
-    src = root / "toy.cc"
+def toy_spec(root: Path, name: str = "toy_module", flags: tuple[str, ...] = (),
+             units: tuple[str, ...] = ("toy.cc",), ldflags: tuple[str, ...] = ()) -> CompileSpec:
+    """The toy module (answer() returns TOY_VALUE); units=("toy.cc", "extra.cc") for two units."""
+    srcs = [root / u for u in units]
 
-    def generate(out_dir: Path) -> None:
-        (out_dir / "toy.cc").write_bytes(src.read_bytes())
+    def generate(out_dir: Path) -> None:  # like codegen's render: write only what changed
+        for src in srcs:
+            dest, data = out_dir / src.name, src.read_bytes()
+            if not dest.is_file() or dest.read_bytes() != data:
+                dest.write_bytes(data)
 
     return CompileSpec(
         name=name,
         uri=name,
         toolchain="host",
-        units=(Unit("toy.cc", "cxx"),),
-        inputs=(src,),
+        units=tuple(Unit(u, "cxx") for u in units),
+        inputs=tuple(srcs),
         include_dirs=(str(root / "include"),),
         cxx_flags=("-O0", "-fPIC", "-fvisibility=hidden", *flags),
+        ldflags=ldflags,
         label="//tests:toy",
         generate=generate,
     )
@@ -78,3 +90,96 @@ def device_params():
     """['cpu', 'cuda' (marked gpu)]: every op test runs on the host backend, and on CUDA where a
     device is present."""
     return [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+
+
+PLANTED_UNIT = textwrap.dedent(
+    """\
+    // Planted: a valid extension of the toy's name whose constructor leaves a marker file. A test
+    // that plants it asserts the marker never appears: kiln must never load or link it.
+    #include <Python.h>
+    #include <stdio.h>
+    __attribute__((constructor)) static void planted() {
+      FILE* f = fopen(MARKER, "w");
+      if (f) fclose(f);
+    }
+    #ifndef NO_MODULE
+    static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, MODULE, nullptr, -1, nullptr};
+    extern "C" __attribute__((visibility("default"))) PyObject* INIT(void) {
+      return PyModule_Create(&def);
+    }
+    #endif
+    """
+)
+
+
+def build_planted(out: Path, marker: Path, module: str = "toy_module",
+                  kind: str = "library") -> Path:
+    """Compile the planted code into `out`: a shared library (kind "library") or an object file
+    ("object", no module init: an extra unit that would be linked in)."""
+    import sysconfig
+
+    src = out.with_suffix(".planted.cc")
+    src.write_text(PLANTED_UNIT)
+    defines = [f'-DMARKER="{marker}"', f'-DMODULE="{module}"', f"-DINIT=PyInit_{module}"]
+    cmd = ["c++", "-fPIC", "-O0", f"-I{sysconfig.get_paths()['include']}", *defines]
+    cmd += ["-shared", "-o", str(out), str(src)] if kind == "library" else \
+           ["-DNO_MODULE", "-c", "-o", str(out), str(src)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return out
+
+
+POKE_UNIT = textwrap.dedent(
+    """\
+    // A toy with a planted out-of-bounds write: poke(i) stores to element i of an 8-int heap
+    // array, so poke(8) writes one past its end (what AddressSanitizer must report).
+    #include <Python.h>
+    #define KILN_STR2(x) #x
+    #define KILN_STR(x) KILN_STR2(x)
+    #define KILN_CAT2(a, b) a##b
+    #define KILN_CAT(a, b) KILN_CAT2(a, b)
+    static PyObject* poke(PyObject*, PyObject* arg) {
+      long i = PyLong_AsLong(arg);
+      int* volatile b = new int[8]();
+      b[i] = 1;
+      long v = b[0];
+      delete[] b;
+      return PyLong_FromLong(v);
+    }
+    static PyMethodDef methods[] = {{"poke", poke, METH_O, "write element i of 8"},
+                                    {nullptr, nullptr, 0, nullptr}};
+    static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, KILN_STR(KILN_MODULE_NAME), nullptr, -1, methods};
+    PyMODINIT_FUNC KILN_CAT(PyInit_, KILN_MODULE_NAME)(void) { return PyModule_Create(&def); }
+    """
+)
+
+
+def make_poke_source(root: Path) -> Path:
+    """Write poke.cc (the toy with an out-of-bounds write) under `root`; toy_spec(root,
+    units=("poke.cc",)) builds it."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "poke.cc").write_text(POKE_UNIT)
+    return root
+
+
+def asan_runtime() -> str | None:
+    """The host compiler's shared AddressSanitizer runtime, or None without one."""
+    try:
+        out = subprocess.run(["c++", "-print-file-name=libasan.so"], capture_output=True,
+                             text=True, timeout=60).stdout.strip()
+    except OSError:
+        return None
+    return out if os.path.isabs(out) and os.path.exists(out) else None
+
+
+def run_asan_python(code: str, env: dict | None = None, timeout: float = 600,
+                    check: bool = False) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter with the ASan runtime preloaded (what loading a
+    KILN_JIT_ASAN=1 module needs): LD_PRELOAD=$(c++ -print-file-name=libasan.so),
+    ASAN_OPTIONS=detect_leaks=0 (CPython's own allocations would all be reported at exit). An
+    ASan report makes the child exit non-zero with "AddressSanitizer" in its stderr."""
+    runtime = asan_runtime()
+    if runtime is None:
+        pytest.skip("the host compiler has no AddressSanitizer runtime (libasan.so)")
+    preload = os.pathsep.join(filter(None, [runtime, os.environ.get("LD_PRELOAD")]))
+    return run_python(code, env={"LD_PRELOAD": preload, "ASAN_OPTIONS": "detect_leaks=0",
+                                 **(env or {})}, timeout=timeout, check=check)

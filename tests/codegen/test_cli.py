@@ -1,4 +1,5 @@
-"""`python -m codegen`: every subcommand, exit codes, one-line failure reasons."""
+"""`python -m codegen` (the repository root's name for `python -m kiln.codegen`): every subcommand,
+exit codes, one-line failure reasons, and the notes about the arch list."""
 
 import os
 import subprocess
@@ -76,6 +77,7 @@ def test_build_host_then_cached_then_explain_then_clean(tmp_path):
     where = codegen("where", ws=tmp_path).stdout
     assert str(tmp_path) in where and "artifacts" in where
     codegen("clean", "//ops:norm", ws=tmp_path)
+    assert not list((tmp_path / "artifacts").glob("*/.lock*"))  # no lock file left behind
     after = codegen("explain", "//ops:norm", "--set", "dtype=f32", "--toolchain", "host",
                     ws=tmp_path).stdout
     assert "a build would happen now" in after
@@ -98,3 +100,75 @@ def test_build_cross_compiles_cuda_without_a_gpu(tmp_path):
     out = codegen("build", "//ops:norm", "--set", "dtype=bf16", "--arch-list", "9.0",
                   ws=tmp_path).stdout
     assert "with cuda for [9.0]" in out and "built  norm_dtype_bf16_cuda" in out
+
+
+def test_negative_jobs_are_rejected_with_a_clear_message(tmp_path):
+    """`build -j -3` was accepted."""
+    proc = codegen("build", "//ops:norm", "-j", "-3", ws=tmp_path, check=False)
+    assert proc.returncode == 2
+    assert "-j/--jobs: must be 0 (the estimate from cores and free memory) or a positive number " \
+           "of jobs, got -3" in proc.stderr
+    proc = codegen("build", "//ops:norm", "-j", "two", ws=tmp_path, check=False)
+    assert proc.returncode == 2 and "expects a number of jobs, got 'two'" in proc.stderr
+    assert not (tmp_path / "artifacts").exists()
+
+
+def test_host_toolchain_says_it_ignores_the_arch_list(tmp_path):
+    """`--toolchain host --arch-list 9.0a` ignored the arch list silently."""
+    proc = codegen("explain", "//ops:norm", "--set", "dtype=f32", "--toolchain", "host",
+                   "--arch-list", "9.0a", ws=tmp_path)
+    assert "note: --toolchain host ignores --arch-list '9.0a'" in proc.stderr
+
+
+@pytest.mark.skipif(not available("cuda"), reason="needs nvcc (compile only; no GPU needed)")
+def test_archs_a_target_does_not_support_are_reported(tmp_path):
+    """An arch dropped from --arch-list because the target does not support it was not reported."""
+    proc = codegen("explain", "//ops:norm", "--set", "dtype=bf16", "--arch-list", "7.5 9.0",
+                   ws=tmp_path)
+    assert "note: //ops:norm does not support 7.5 (--arch-list '7.5 9.0')" in proc.stderr
+    assert "archs       9.0 (the arch list in force, restricted" in proc.stdout
+
+
+def test_build_all_force_rebuilds_every_unit(tmp_path):
+    """`--force` re-ran only some units: ninja's incremental state survived."""
+    from helpers import make_toy_sources, toy_spec
+
+    from kiln.codegen.batch import build_all
+    from kiln.runtime.arch import ArchContext
+    from kiln.runtime.workspace import Workspace
+
+    toy = make_toy_sources(tmp_path / "src")
+    ws = Workspace(tmp_path / "ws")
+    spec = toy_spec(toy, units=("toy.cc", "extra.cc"))
+    ctx = ArchContext((), "host")
+    assert build_all([spec], ctx, toolchain="host", workspace=ws, say=lambda s: None) == {
+        "toy_module": "built"}
+    objs = list(ws.artifacts.glob("toy_module/*/build/*.o"))
+    before = {o: o.stat().st_mtime_ns for o in objs}
+    import time
+
+    time.sleep(0.05)
+    assert build_all([spec], ctx, toolchain="host", workspace=ws, force=True,
+                     say=lambda s: None) == {"toy_module": "built"}
+    assert len(objs) == 2 and all(o.stat().st_mtime_ns > t for o, t in before.items())
+    with pytest.raises(ValueError, match="jobs must be 0"):
+        build_all([spec], ctx, toolchain="host", workspace=ws, jobs=-1, say=lambda s: None)
+
+
+def test_clean_removes_lock_files_no_process_holds_and_keeps_held_ones(tmp_path):
+    """`clean` left lock files behind."""
+    from kiln.runtime.lock import ModuleLock
+
+    mod = tmp_path / "artifacts" / "norm_dtype_f32_host"
+    (mod / "slot").mkdir(parents=True)
+    (mod / "slot" / "metadata.json").write_text("{}")
+    with ModuleLock(mod / ".lock", "norm_dtype_f32_host"):
+        out = codegen("clean", "//ops:norm", ws=tmp_path).stdout
+        assert "kept 1 module(s) being built now (their lock is held): norm_dtype_f32_host" in out
+        assert (mod / "slot" / "metadata.json").exists() and (mod / ".lock").exists()
+    codegen("clean", "//ops:norm", ws=tmp_path)
+    assert not mod.exists()  # slots, the lock file and its owner note
+    (mod / "slot").mkdir(parents=True)
+    ModuleLock(mod / ".lock", "m").__enter__().release()
+    out = codegen("clean", ws=tmp_path).stdout
+    assert "removed" in out and not (tmp_path / "artifacts").exists()

@@ -42,9 +42,9 @@ def test_by_uri_both_toolchains_and_json(built, capsys):
     assert current[0]["library"]["exists"] and "rule link" in current[0]["manifest"]["text"]
 
 
-def test_before_a_build_it_shows_what_a_build_would_write_and_writes_nothing(tmp_path, monkeypatch,
+def test_before_a_build_it_shows_what_a_build_would_write_and_writes_nothing(tmp_path, kiln_env,
                                                                             capsys):
-    monkeypatch.setenv("KILN_WORKSPACE_BASE", str(tmp_path / "ws"))
+    kiln_env.set("KILN_WORKSPACE_BASE", str(tmp_path / "ws"))
     assert main(["inspect", "//ops:norm", "--set", "dtype=bf16", "--toolchain", "host"]) == 0
     out = capsys.readouterr().out
     assert "generated sources  none yet" in out
@@ -53,9 +53,9 @@ def test_before_a_build_it_shows_what_a_build_would_write_and_writes_nothing(tmp
     assert not (tmp_path / "ws").exists()
 
 
-def test_a_cuda_module_without_an_arch_list_still_shows_the_cache(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("KILN_WORKSPACE_BASE", str(tmp_path / "ws"))
-    monkeypatch.delenv("KILN_CUDA_ARCH_LIST", raising=False)
+def test_a_cuda_module_without_an_arch_list_still_shows_the_cache(tmp_path, kiln_env, capsys):
+    kiln_env.set("KILN_WORKSPACE_BASE", str(tmp_path / "ws"))
+    kiln_env.unset("KILN_CUDA_ARCH_LIST")
     broken = tmp_path / "ws" / "artifacts" / "norm_dtype_bf16_cuda" / "0123456789abcdef01234567"
     broken.mkdir(parents=True)
     (broken / "metadata.json").write_text("{not json")

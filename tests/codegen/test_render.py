@@ -101,8 +101,8 @@ def test_each_specialisation_and_toolchain_has_its_own_generated_directory(tmp_p
     assert all(d.parent.name.startswith("norm_dtype_") for d in dirs)
 
 
-def test_generated_sources_are_never_written_into_the_source_tree(tmp_path, monkeypatch):
-    monkeypatch.setenv("KILN_WORKSPACE_BASE", str(tmp_path))
+def test_generated_sources_are_never_written_into_the_source_tree(tmp_path, kiln_env):
+    kiln_env.set("KILN_WORKSPACE_BASE", str(tmp_path))
     graph, spec = norm_spec()
     cs = compile_spec(spec, "host", graph)
     before = {p: p.stat().st_mtime_ns for p in graph.root.rglob("*") if p.is_file()

@@ -9,6 +9,7 @@ import pytest
 
 from kiln import api_logging
 from kiln.api_logging import logged_api
+from kiln.runtime import env
 
 DIAG_KNOBS = ("KILN_LOGLEVEL", "KILN_LOGDEST", "KILN_DUMP", "KILN_DUMP_DIR", "KILN_DUMP_MAX_COUNT",
               "KILN_DUMP_MAX_BYTES", "KILN_DUMP_INCLUDE", "KILN_DUMP_EXCLUDE", "KILN_FORCE_BACKEND")
@@ -31,6 +32,7 @@ def decorate(monkeypatch, api_log):
         monkeypatch.setenv("KILN_LOGDEST", str(api_log))
         for knob, value in settings.items():
             monkeypatch.setenv(knob, str(value))
+        env.reload()  # kiln parses its settings once: have it read these
         return logged_api(name, mutates=mutates)(fn)
 
     return make

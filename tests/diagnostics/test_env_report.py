@@ -12,13 +12,13 @@ from kiln.__main__ import main
 from kiln.diagnostics import env_report
 
 
-def test_the_report_names_versions_toolchains_archs_workspaces_and_settings(monkeypatch, capsys,
+def test_the_report_names_versions_toolchains_archs_workspaces_and_settings(kiln_env, capsys,
                                                                           session_workspace):
-    monkeypatch.setenv("KILN_LOGLEVEL", "3")
-    monkeypatch.setenv("MAX_JOBS", "2")
-    monkeypatch.setenv("KILN_LOGLEVL", "1")  # a typo
-    monkeypatch.setenv("KILN_NO_CACHE", "maybe")  # invalid
-    monkeypatch.setenv("KILN_JIT_VERBOSE", "0")  # set, but to the default
+    kiln_env.set("KILN_LOGLEVEL", "3")
+    kiln_env.set("MAX_JOBS", "2")
+    kiln_env.set("KILN_LOGLEVL", "1")  # a typo
+    kiln_env.set("KILN_NO_CACHE", "maybe")  # invalid
+    kiln_env.set("KILN_JIT_VERBOSE", "0")  # set, but to the default
     assert main(["env"]) == 0
     out = capsys.readouterr().out
     for label in ("kiln", "Python", "torch", "CUDA driver", "nvcc", "host compiler", "GPUs",
@@ -34,8 +34,8 @@ def test_the_report_names_versions_toolchains_archs_workspaces_and_settings(monk
     assert re.search(r"^    KILN_JIT_VERBOSE=0 +\(the default\)$", out, re.M)
 
 
-def test_json_report(monkeypatch, capsys):
-    monkeypatch.setenv("KILN_FORCE_BACKEND", "host")
+def test_json_report(kiln_env, capsys):
+    kiln_env.set("KILN_FORCE_BACKEND", "host")
     assert main(["env", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["kiln"]["version"] == kiln.__version__
@@ -47,8 +47,8 @@ def test_json_report(monkeypatch, capsys):
     assert rows["KILN_WORKSPACE_BASE"]["status"] == "non-default"
 
 
-def test_a_failing_probe_is_reported_not_fatal(monkeypatch):
-    monkeypatch.setenv("KILN_CUDA_ARCH_LIST", "banana")
+def test_a_failing_probe_is_reported_not_fatal(kiln_env):
+    kiln_env.set("KILN_CUDA_ARCH_LIST", "banana")
     report = env_report.collect()
     assert "cannot parse CUDA arch 'banana'" in report["arch_list"]["error"]
     assert "arch list in force   unavailable: ArchError" in env_report.format_text(report)

@@ -73,11 +73,11 @@ def test_restrict_with_no_device_and_no_list_says_how_to_fix_it():
         ArchContext((), "detected devices: none").restrict(FAMILIES, "//ops:x")
 
 
-def test_context_precedence(monkeypatch):
-    monkeypatch.setenv("KILN_CUDA_ARCH_LIST", "8.6")
+def test_context_precedence(kiln_env):
+    kiln_env.set("KILN_CUDA_ARCH_LIST", "8.6")
     assert ArchContext.current().requested == (Arch(8, 6),)
     assert "KILN_CUDA_ARCH_LIST" in ArchContext.current().source
     assert ArchContext.current("9.0a").requested == (Arch(9, 0, "a"),)  # --arch-list wins
-    monkeypatch.setenv("KILN_CUDA_ARCH_LIST", "bogus")
+    kiln_env.set("KILN_CUDA_ARCH_LIST", "bogus")
     with pytest.raises(ArchError):
         ArchContext.current()

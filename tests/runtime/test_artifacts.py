@@ -31,7 +31,8 @@ class Repository:
     def __init__(self, root: Path):
         self.root = root
         self.requests: collections.Counter = collections.Counter()
-        self.rules: dict[str, str] = {}  # path suffix -> "404" | "tamper" | "truncate" | "drop_once" | "slow"
+        # path suffix -> "404" | "tamper" | "truncate" | "drop_once" | "slow" | "trickle"
+        self.rules: dict[str, str] = {}
         self.delay = 0.0
         self.active = 0
         self.max_active = 0
@@ -85,6 +86,14 @@ class Repository:
         if rule == "drop_once" and count == 1:
             h.wfile.write(data[: len(data) // 3])  # then the connection closes
             return
+        if rule == "trickle":  # a byte every 20 ms: never idle for a whole timeout
+            try:
+                for i in range(len(data)):
+                    h.wfile.write(data[i:i + 1])
+                    time.sleep(0.02)
+            except OSError:
+                pass  # the client gave up
+            return
         h.wfile.write(data)
 
     def file_requests(self) -> int:
@@ -104,16 +113,16 @@ def release(tmp_path_factory):
 
 
 @pytest.fixture
-def env(release, tmp_path, monkeypatch):
+def env(release, tmp_path, kiln_env):
     """A fresh workspace (so an empty download cache), the release pinned, quick retries."""
-    monkeypatch.setenv("KILN_WORKSPACE_BASE", str(tmp_path / "ws"))
-    monkeypatch.setenv("KILN_ARTIFACT_PINS", str(write_pins(tmp_path / "pins.json", release[2])))
-    monkeypatch.setenv("KILN_DOWNLOAD_TIMEOUT", "1")
-    monkeypatch.setenv("KILN_DOWNLOAD_RETRIES", "1")
-    monkeypatch.setenv("KILN_DISABLE_JIT", "1")  # every module must come from the repository
+    kiln_env.set("KILN_WORKSPACE_BASE", str(tmp_path / "ws"))
+    kiln_env.set("KILN_ARTIFACT_PINS", str(write_pins(tmp_path / "pins.json", release[2])))
+    kiln_env.set("KILN_DOWNLOAD_TIMEOUT", "1")
+    kiln_env.set("KILN_DOWNLOAD_RETRIES", "1")
+    kiln_env.set("KILN_DISABLE_JIT", "1")  # every module must come from the repository
     for knob in ("KILN_ARTIFACT_DIR", "KILN_ARTIFACT_REPOSITORY", "KILN_OFFLINE",
                  "KILN_VERIFY_CHECKSUMS"):
-        monkeypatch.delenv(knob, raising=False)
+        kiln_env.unset(knob)
     jit.clear_memory_cache()
     precompiled.installed_packages.cache_clear()
     yield Workspace(tmp_path / "ws")
@@ -121,9 +130,9 @@ def env(release, tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def repo(release, env, monkeypatch):
+def repo(release, env, kiln_env):
     r = Repository(release[1])
-    monkeypatch.setenv("KILN_ARTIFACT_REPOSITORY", r.url)
+    kiln_env.set("KILN_ARTIFACT_REPOSITORY", r.url)
     yield r
     r.close()
 
@@ -145,8 +154,8 @@ def test_a_good_download_is_verified_cached_and_reused(release, repo, env):
     assert sum(repo.requests.values()) == 2
 
 
-def test_a_file_url_repository_works_the_same(release, env, monkeypatch):
-    monkeypatch.setenv("KILN_ARTIFACT_REPOSITORY", release[1].as_uri())
+def test_a_file_url_repository_works_the_same(release, env, kiln_env):
+    kiln_env.set("KILN_ARTIFACT_REPOSITORY", release[1].as_uri())
     assert load(release).answer() == 42
 
 
@@ -197,10 +206,31 @@ def test_a_slow_server_times_out_after_the_retries_never_hangs(release, repo, en
     assert repo.file_requests() == 2
 
 
-def test_a_mirror_replaces_the_repository(release, env, monkeypatch):
+def test_a_trickling_server_hits_the_overall_deadline_and_releases_the_lock(release, repo, env,
+                                                                            kiln_env):
+    """The timeout bounded each read only: a server sending a byte a second kept a 228 KB
+    download, and its lock, going for about 63 hours."""
+    from kiln.runtime.lock import ModuleLock
+
+    repo.rules[".so"] = "trickle"
+    kiln_env.set(KILN_DOWNLOAD_DEADLINE="2", KILN_DOWNLOAD_TIMEOUT="1")
+    start = time.monotonic()
+    with pytest.raises(ArtifactError, match=r"gave up on .*toy_module.* after 2s \(\d+ of \d+ bytes "
+                                            r"received\): KILN_DOWNLOAD_DEADLINE=2"):
+        load(release)
+    assert time.monotonic() - start < 4  # the deadline, plus at most one wait for data
+    assert repo.file_requests() == 1  # never retried past the deadline
+    locks = [ModuleLock(path, "the download") for path in env.downloads.rglob(".*.lock")]
+    assert locks and all(lock.try_acquire() for lock in locks)  # nobody holds them
+    for lock in locks:
+        lock.release()
+    assert not list(env.downloads.rglob("*.part")) and not list(env.downloads.rglob("*.so"))
+
+
+def test_a_mirror_replaces_the_repository(release, env, kiln_env):
     primary, mirror = Repository(release[1]), Repository(release[1])
     try:
-        monkeypatch.setenv("KILN_ARTIFACT_REPOSITORY", mirror.url)
+        kiln_env.set("KILN_ARTIFACT_REPOSITORY", mirror.url)
         assert load(release).answer() == 42
         assert sum(primary.requests.values()) == 0 and mirror.file_requests() == 1
     finally:
@@ -208,9 +238,9 @@ def test_a_mirror_replaces_the_repository(release, env, monkeypatch):
         mirror.close()
 
 
-def test_offline_a_missing_artifact_is_a_hard_error_naming_it(release, repo, env, monkeypatch):
-    monkeypatch.setenv("KILN_OFFLINE", "1")
-    monkeypatch.delenv("KILN_DISABLE_JIT")  # even with the JIT allowed: no silent fallback
+def test_offline_a_missing_artifact_is_a_hard_error_naming_it(release, repo, env, kiln_env):
+    kiln_env.set("KILN_OFFLINE", "1")
+    kiln_env.unset("KILN_DISABLE_JIT")  # even with the JIT allowed: no silent fallback
     with pytest.raises(ArtifactError) as e:
         load(release)
     msg = str(e.value)
@@ -219,30 +249,30 @@ def test_offline_a_missing_artifact_is_a_hard_error_naming_it(release, repo, env
     assert sum(repo.requests.values()) == 0
 
 
-def test_unreachable_network_is_a_hard_error_too(release, env, monkeypatch):
-    monkeypatch.setenv("KILN_ARTIFACT_REPOSITORY", "http://127.0.0.1:9")  # nothing listens
-    monkeypatch.delenv("KILN_DISABLE_JIT")
-    monkeypatch.setenv("KILN_DOWNLOAD_RETRIES", "0")
+def test_unreachable_network_is_a_hard_error_too(release, env, kiln_env):
+    kiln_env.set("KILN_ARTIFACT_REPOSITORY", "http://127.0.0.1:9")  # nothing listens
+    kiln_env.unset("KILN_DISABLE_JIT")
+    kiln_env.set("KILN_DOWNLOAD_RETRIES", "0")
     with pytest.raises(ArtifactError, match="toy_module .*could not download .*after 1 attempt"):
         load(release)
 
 
-def test_an_unpinned_release_is_never_downloaded(release, repo, env, monkeypatch, tmp_path):
+def test_an_unpinned_release_is_never_downloaded(release, repo, env, kiln_env, tmp_path):
     (tmp_path / "empty-pins.json").write_text("{}")
-    monkeypatch.setenv("KILN_ARTIFACT_PINS", str(tmp_path / "empty-pins.json"))
+    kiln_env.set("KILN_ARTIFACT_PINS", str(tmp_path / "empty-pins.json"))
     with pytest.raises(jit.JITDisabledError, match="this kiln pins no release"):
         load(release)
     assert sum(repo.requests.values()) == 0
 
 
 def test_checksums_off_uses_unpinned_artifacts_with_a_warning_every_time(release, repo, env,
-                                                                         monkeypatch, tmp_path,
+                                                                         kiln_env, tmp_path,
                                                                          caplog):
     import logging
 
     (tmp_path / "empty-pins.json").write_text("{}")
-    monkeypatch.setenv("KILN_ARTIFACT_PINS", str(tmp_path / "empty-pins.json"))
-    monkeypatch.setenv("KILN_VERIFY_CHECKSUMS", "0")
+    kiln_env.set("KILN_ARTIFACT_PINS", str(tmp_path / "empty-pins.json"))
+    kiln_env.set("KILN_VERIFY_CHECKSUMS", "0")
     logging.getLogger("kiln.jit").propagate = True
     try:
         with caplog.at_level(logging.WARNING, logger="kiln.jit"):
@@ -287,21 +317,21 @@ def test_concurrent_downloaders_fetch_the_artifact_once(release, repo, env, tmp_
 
 
 def test_prefetch_downloads_everything_bounded_and_then_works_offline(release, repo, env,
-                                                                     monkeypatch):
+                                                                     kiln_env):
     repo.delay = 0.3
-    monkeypatch.setenv("KILN_DOWNLOAD_JOBS", "2")
+    kiln_env.set("KILN_DOWNLOAD_JOBS", "2")
     result = artifacts.prefetch(host_release(), repo.url)
     assert (result.downloaded, result.present) == (len(NAMES), 0)
     assert repo.max_active == 2  # four files, two at a time
     again = artifacts.prefetch(host_release(), repo.url)
     assert (again.downloaded, again.present) == (0, len(NAMES))
-    monkeypatch.setenv("KILN_OFFLINE", "1")
+    kiln_env.set("KILN_OFFLINE", "1")
     assert all(load(release, n).answer() == 42 for n in NAMES)
     assert repo.file_requests() == len(NAMES)
 
 
 def test_the_download_command_fills_an_artifact_dir_that_is_searched_first(release, repo, env,
-                                                                           tmp_path, monkeypatch):
+                                                                           tmp_path, kiln_env):
     dest = tmp_path / "mirror"
     proc = subprocess.run([sys.executable, "-m", "kiln", "download", "--toolchain", "host",
                            "--dest", str(dest)], capture_output=True, text=True, timeout=120,
@@ -310,17 +340,17 @@ def test_the_download_command_fills_an_artifact_dir_that_is_searched_first(relea
     assert f"{len(NAMES)} file(s) downloaded" in proc.stdout
     assert "downloading toy_module" in proc.stderr  # progress is shown
     served = sum(repo.requests.values())
-    monkeypatch.setenv("KILN_ARTIFACT_DIR", str(dest))
+    kiln_env.set("KILN_ARTIFACT_DIR", str(dest))
     assert load(release).answer() == 42
     assert sum(repo.requests.values()) == served  # the local directory came first (R7.6)
 
 
 def test_a_tampered_artifact_dir_is_refused_like_a_download(release, repo, env, tmp_path,
-                                                            monkeypatch):
+                                                            kiln_env):
     artifacts.prefetch(host_release(), repo.url, tmp_path / "dir")
     lib = next(host_release().dir_in(tmp_path / "dir").glob("toy_module/*.so"))
     lib.write_bytes(lib.read_bytes()[:-1] + b"\1")
-    monkeypatch.setenv("KILN_ARTIFACT_DIR", str(tmp_path / "dir"))
+    kiln_env.set("KILN_ARTIFACT_DIR", str(tmp_path / "dir"))
     with pytest.raises(precompiled.PrecompiledError, match="corrupt or tampered"):
         load(release)
 

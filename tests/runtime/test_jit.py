@@ -18,9 +18,9 @@ def toy(tmp_path):
 
 
 @pytest.fixture
-def ws(tmp_path, monkeypatch):
+def ws(tmp_path, kiln_env):
     base = tmp_path / "ws"
-    monkeypatch.setenv("KILN_WORKSPACE_BASE", str(base))
+    kiln_env.set("KILN_WORKSPACE_BASE", str(base))
     jit.clear_memory_cache()
     yield Workspace(base)
     jit.clear_memory_cache()
@@ -95,25 +95,27 @@ def test_nothing_is_created_before_a_miss(toy, ws):
     assert not ws.base.exists()
 
 
-def test_workspace_override_is_honoured(toy, tmp_path, monkeypatch):
+def test_workspace_override_is_honoured(toy, tmp_path, kiln_env):
     other = tmp_path / "elsewhere"
-    monkeypatch.setenv("KILN_WORKSPACE_BASE", str(other))
+    kiln_env.set("KILN_WORKSPACE_BASE", str(other))
     jit.clear_memory_cache()
     jit.load(toy_spec(toy, name="toy_override"))
     assert list((other / "artifacts").iterdir())[0].name == "toy_override"
 
 
-def test_disable_jit_refuses_to_compile_and_names_the_module(toy, ws, monkeypatch):
-    monkeypatch.setenv("KILN_DISABLE_JIT", "1")
+def test_disable_jit_refuses_to_compile_and_names_the_module(toy, ws, kiln_env):
+    kiln_env.set("KILN_DISABLE_JIT", "1")
     with pytest.raises(jit.JITDisabledError) as e:
         jit.load(toy_spec(toy))
     msg = str(e.value)
     assert "toy_module" in msg and "KILN_DISABLE_JIT=1" in msg and "not built yet" in msg
+    # a command that works wherever kiln is installed (python -m codegen works only in a checkout)
+    assert "'python -m kiln.codegen build //tests:toy'" in msg
     assert not ws.base.exists()
-    monkeypatch.delenv("KILN_DISABLE_JIT")
+    kiln_env.unset("KILN_DISABLE_JIT")
     jit.load(toy_spec(toy))
     jit.clear_memory_cache()
-    monkeypatch.setenv("KILN_DISABLE_JIT", "1")
+    kiln_env.set("KILN_DISABLE_JIT", "1")
     assert jit.load(toy_spec(toy)).answer() == 42  # a valid cached artifact is fine
 
 
@@ -139,7 +141,7 @@ def test_corrupt_or_truncated_library_is_rebuilt_not_loaded(toy, ws):
     os.replace(tmp, lib)
     jit.clear_memory_cache()
     md, reason = jit.check(build.plan(toy_spec(toy)))
-    assert "does not match its recorded SHA-256" in reason
+    assert "has 100 bytes, its metadata records" in reason
     c0 = jit.stats.compiled
     assert jit.load(toy_spec(toy)).answer() == 42
     assert jit.stats.compiled == c0 + 1
@@ -173,8 +175,8 @@ def test_refuses_to_load_from_a_directory_others_can_write(toy, ws):
         os.chmod(ws.base, 0o700)
 
 
-def test_no_cache_builds_in_a_temporary_directory(toy, ws, monkeypatch):
-    monkeypatch.setenv("KILN_NO_CACHE", "1")
+def test_no_cache_builds_in_a_temporary_directory(toy, ws, kiln_env):
+    kiln_env.set("KILN_NO_CACHE", "1")
     c0 = jit.stats.compiled
     assert jit.load(toy_spec(toy)).answer() == 42
     jit.clear_memory_cache()
@@ -191,13 +193,14 @@ def test_compile_error_carries_the_compiler_message_and_the_command(toy, ws):
     assert "compiling toy_module" in msg
     assert "error" in msg.lower() and "this is not" in msg  # the compiler's own words
     assert "FAILED" in msg and "-c " in msg and "toy.cc" in msg  # the failing command
+    assert "'python -m kiln.codegen explain //tests:toy'" in msg
     # Nothing half-published: no metadata, so the next attempt compiles again.
     assert metadata.read(build.plan(toy_spec(toy)).key_dir) is None
 
 
-def test_verbose_streams_compiler_output_without_changing_the_key(toy, ws, capfd, monkeypatch):
+def test_verbose_streams_compiler_output_without_changing_the_key(toy, ws, capfd, kiln_env):
     quiet_key = build.plan(toy_spec(toy)).spec_key
-    monkeypatch.setenv("KILN_JIT_VERBOSE", "1")
+    kiln_env.set("KILN_JIT_VERBOSE", "1")
     jit.load(toy_spec(toy))
     err = capfd.readouterr().err
     assert "toy.cc" in err and "-c" in err  # ninja -v echoes each command as it runs

@@ -37,7 +37,7 @@ def test_action_key_depends_on_every_header_digest():
     deps = [key.Dep("/a.h", 1, 1, "aa"), key.Dep("/b.h", 1, 1, "bb")]
     k1 = key.action_key("spec", deps)
     assert k1 == key.action_key("spec", list(reversed(deps)))  # order-independent
-    assert k1 != key.action_key("spec", [deps[0], dataclasses.replace(deps[1], sha256="bc")])
+    assert k1 != key.action_key("spec", [deps[0], deps[1]._replace(sha256="bc")])
     assert k1 != key.action_key("spec2", deps)
 
 
@@ -82,12 +82,12 @@ def test_key_changes_with_the_toolchain_identity(toy, tmp_path, monkeypatch):
     assert _key(toy_spec(toy), ws) != before
 
 
-def test_key_changes_with_debug_builds_but_not_with_verbosity(toy, tmp_path, monkeypatch):
+def test_key_changes_with_debug_builds_but_not_with_verbosity(toy, tmp_path, kiln_env):
     ws = Workspace(tmp_path / "ws")
     before = _key(toy_spec(toy), ws)
-    monkeypatch.setenv("KILN_JIT_VERBOSE", "1")
+    kiln_env.set("KILN_JIT_VERBOSE", "1")
     assert _key(toy_spec(toy), ws) == before
-    monkeypatch.setenv("KILN_JIT_DEBUG", "1")
+    kiln_env.set("KILN_JIT_DEBUG", "1")
     assert _key(toy_spec(toy), ws) != before
 
 

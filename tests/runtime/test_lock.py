@@ -101,3 +101,28 @@ def test_lock_wait_is_reported(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_removed_lock_file_is_locked_afresh_by_its_waiter(tmp_path):
+    """`clean` removes lock files no process holds; a process that was waiting on the removed
+    file must then lock the file at the path, never the removed one (or two processes would both
+    hold the module's lock)."""
+    import threading
+
+    path = tmp_path / "m.lock"
+    holder = ModuleLock(path, "the module", timeout_s=10).__enter__()
+    waiter = ModuleLock(path, "the module", timeout_s=10)
+    got = threading.Event()
+    t = threading.Thread(target=lambda: (waiter.__enter__(), got.set()))
+    t.start()
+    time.sleep(0.2)
+    assert not got.is_set()
+    holder.remove()  # unlinks the file, then releases: the waiter's descriptor is of a dead file
+    t.join(10)
+    assert got.is_set()
+    assert os.path.samestat(os.stat(path), os.fstat(waiter._fd))  # the live file at the path
+    assert not ModuleLock(path, "the module", timeout_s=0).try_acquire()
+    waiter.release()
+    other = ModuleLock(path, "the module", timeout_s=0)
+    assert other.try_acquire()
+    other.release()

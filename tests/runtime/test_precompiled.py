@@ -8,7 +8,7 @@ import stat
 
 import pytest
 from helpers import toy_spec
-from precompiled_helpers import build_toy_release, edit_manifest, install_package, set_version
+from precompiled_helpers import build_toy_release, edit_manifest, install_package, set_version, write_pins
 
 from kiln.runtime import build, jit, precompiled, sources
 from kiln.runtime.files import UntrustedPath
@@ -23,9 +23,9 @@ def release(tmp_path_factory):
 
 
 @pytest.fixture
-def ws(tmp_path, monkeypatch):
+def ws(tmp_path, kiln_env):
     base = tmp_path / "ws"
-    monkeypatch.setenv("KILN_WORKSPACE_BASE", str(base))
+    kiln_env.set("KILN_WORKSPACE_BASE", str(base))
     jit.clear_memory_cache()
     yield Workspace(base)
     jit.clear_memory_cache()
@@ -42,8 +42,8 @@ def installed(release, tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def no_compiler(monkeypatch):
-    monkeypatch.setenv("CXX", "/nonexistent/c++")
+def no_compiler(kiln_env):
+    kiln_env.set("CXX", "/nonexistent/c++")
 
 
 @pytest.fixture
@@ -60,11 +60,11 @@ def unique(records):
     return list({id(r): r for r in records}.values())
 
 
-def test_a_plan_needs_no_compiler_and_keeps_its_portable_key(release, ws, monkeypatch):
+def test_a_plan_needs_no_compiler_and_keeps_its_portable_key(release, ws, kiln_env):
     toy = release[0]
     with_compiler = build.plan(toy_spec(toy))
     assert with_compiler.toolchain_problem is None
-    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    kiln_env.set("CXX", "/nonexistent/c++")
     without = build.plan(toy_spec(toy))
     assert "no C++ compiler found" in without.toolchain_problem
     assert without.portable_key == with_compiler.portable_key  # what finds precompiled modules
@@ -88,8 +88,8 @@ def test_the_portable_key_leaves_out_machine_paths(release, tmp_path):
 
 
 def test_installed_package_serves_the_module_without_a_compiler(release, installed, ws,
-                                                                no_compiler, monkeypatch):
-    monkeypatch.setenv("KILN_DISABLE_JIT", "1")
+                                                                no_compiler, kiln_env):
+    kiln_env.set("KILN_DISABLE_JIT", "1")
     hits = jit.stats.precompiled_hits
     assert jit.load(toy_spec(release[0])).answer() == 42
     assert jit.stats.precompiled_hits == hits + 1
@@ -97,12 +97,12 @@ def test_installed_package_serves_the_module_without_a_compiler(release, install
 
 
 def test_without_package_or_compiler_the_error_says_what_is_missing(release, ws, no_compiler,
-                                                                    monkeypatch):
+                                                                    kiln_env):
     with pytest.raises(ToolchainError) as e:
         jit.load(toy_spec(release[0]))
     assert "no C++ compiler found" in str(e.value)
     assert "no precompiled package installed" in str(e.value)
-    monkeypatch.setenv("KILN_DISABLE_JIT", "1")
+    kiln_env.set("KILN_DISABLE_JIT", "1")
     with pytest.raises(jit.JITDisabledError, match="no precompiled module .*no precompiled "
                                                    "package installed.*KILN_ARTIFACT_REPOSITORY unset"):
         jit.load(toy_spec(release[0]))
@@ -119,10 +119,10 @@ def test_a_package_for_another_version_is_refused_naming_both(release, installed
 
 
 def test_skip_version_check_loads_it_with_a_warning_on_every_load(release, installed, ws,
-                                                                  monkeypatch, jit_logs):
+                                                                  kiln_env, jit_logs):
     edit_manifest(installed, lambda d: set_version(d, "0.0.9"))
-    monkeypatch.setenv("KILN_SKIP_VERSION_CHECK", "1")
-    monkeypatch.setenv("KILN_DISABLE_JIT", "1")
+    kiln_env.set("KILN_SKIP_VERSION_CHECK", "1")
+    kiln_env.set("KILN_DISABLE_JIT", "1")
     for _ in range(2):
         assert jit.load(toy_spec(release[0])).answer() == 42
         jit.clear_memory_cache()
@@ -132,32 +132,32 @@ def test_skip_version_check_loads_it_with_a_warning_on_every_load(release, insta
 
 
 def test_a_module_compiled_from_other_kiln_sources_is_never_served(release, installed, ws,
-                                                                   monkeypatch):
+                                                                   kiln_env):
     """An edited kernel header makes the package's module stale: the JIT builds a fresh one."""
     def compiled_from_another_header(d):
         d["modules"][0]["sources"]["ops/norm/norm.h"] = "0" * 64
 
     edit_manifest(installed, compiled_from_another_header)
-    monkeypatch.setenv("KILN_DISABLE_JIT", "1")
+    kiln_env.set("KILN_DISABLE_JIT", "1")
     with pytest.raises(jit.JITDisabledError, match="compiled from another ops/norm/norm.h than "
                                                    "this installation's"):
         jit.load(toy_spec(release[0]))
-    monkeypatch.delenv("KILN_DISABLE_JIT")
+    kiln_env.unset("KILN_DISABLE_JIT")
     compiled = jit.stats.compiled
     assert jit.load(toy_spec(release[0])).answer() == 42
     assert jit.stats.compiled == compiled + 1
 
 
 def test_another_key_or_another_module_falls_through_to_the_jit(release, installed, ws,
-                                                                monkeypatch):
-    monkeypatch.setenv("KILN_DISABLE_JIT", "1")
+                                                                kiln_env):
+    kiln_env.set("KILN_DISABLE_JIT", "1")
     with pytest.raises(jit.JITDisabledError, match="its key differs in flags"):
         jit.load(toy_spec(release[0], flags=("-DEXTRA=1",)))
     with pytest.raises(jit.JITDisabledError, match="has no toy_other"):
         jit.load(toy_spec(release[0], name="toy_other"))
 
 
-def test_a_tampered_file_is_refused_unless_checksums_are_off(release, installed, ws, monkeypatch,
+def test_a_tampered_file_is_refused_unless_checksums_are_off(release, installed, ws, kiln_env,
                                                               jit_logs):
     lib = next(installed.glob("toy_module/*.so"))
     data = lib.read_bytes()
@@ -169,7 +169,7 @@ def test_a_tampered_file_is_refused_unless_checksums_are_off(release, installed,
     lib.write_bytes(data + b"\0")
     with pytest.raises(precompiled.PrecompiledError, match=r"has \d+ bytes, the manifest says \d+"):
         jit.load(toy_spec(release[0]))
-    monkeypatch.setenv("KILN_VERIFY_CHECKSUMS", "0")
+    kiln_env.set("KILN_VERIFY_CHECKSUMS", "0")
     for _ in range(2):
         assert jit.load(toy_spec(release[0])).answer() == 42
         jit.clear_memory_cache()
@@ -217,13 +217,13 @@ def test_a_module_file_that_is_a_link_is_refused(release, installed, ws, tmp_pat
 
 
 @pytest.mark.parametrize("toolchain", ["host", "cuda"])
-def test_portable_flags_are_the_exact_flags_less_machine_paths(monkeypatch, toolchain):
+def test_portable_flags_are_the_exact_flags_less_machine_paths(kiln_env, toolchain):
     """The portable parts are computed beside the exact flags; they must not drift apart."""
     from kiln.codegen.specs import module_spec
     from kiln.runtime.arch import ArchContext, parse_arch_list
 
-    monkeypatch.setenv("KILN_JIT_LINEINFO", "1")
-    monkeypatch.setenv("KILN_NVCC", "/nonexistent/nvcc")  # flags are known without a compiler
+    kiln_env.set("KILN_JIT_LINEINFO", "1")
+    kiln_env.set("KILN_NVCC", "/nonexistent/nvcc")  # flags are known without a compiler
     p = build.plan(module_spec("//ops:norm", {"dtype": "bf16"}, toolchain),
                    ArchContext(parse_arch_list("9.0"), "test"))
     exact = {"cxx": p.cxx_flags, "cuda": p.cuda_flags, "link": p.link_flags}
@@ -232,3 +232,22 @@ def test_portable_flags_are_the_exact_flags_less_machine_paths(monkeypatch, tool
         dropped = [f for f in exact[kind] if f not in flags]
         assert all(f.startswith(("-I", "-isystem", "-L", "-ccbin", "-gencode")) for f in dropped), dropped
     assert ("-lineinfo" in p.portable_parts["flags"]["cuda"]) is (toolchain == "cuda")
+
+
+def test_an_installed_package_is_checked_against_the_pin_of_its_release(release, installed, ws,
+                                                                        kiln_env, tmp_path):
+    """Installed packages were checked against their own manifest only, so a consistent re-sign
+    of library and manifest loaded. When this kiln pins the package's release, the manifest must
+    be the pinned one."""
+    kiln_env.set("KILN_DISABLE_JIT", "1")
+    pins = write_pins(tmp_path / "pins.json", installed)  # the package as released
+    kiln_env.set("KILN_ARTIFACT_PINS", str(pins))
+    assert jit.load(toy_spec(release[0])).answer() == 42
+    jit.clear_memory_cache()
+    # Re-signed: a changed manifest, consistent with itself (keys recomputed) and with its files.
+    edit_manifest(installed, lambda d: d.update(created_at=d["created_at"] + 1))
+    with pytest.raises(precompiled.PrecompiledError, match=r"this kiln pins release "
+                       r"[^ ]+/host/[^ ]+ to [0-9a-f]{64}: the package is not the one released"):
+        jit.load(toy_spec(release[0]))
+    kiln_env.unset("KILN_ARTIFACT_PINS")  # a release this kiln does not pin: its own manifest
+    assert jit.load(toy_spec(release[0])).answer() == 42

@@ -1,5 +1,5 @@
 """Building many modules at once, with the JIT's memory-bounded parallelism (R1.9): shared by
-`python -m codegen build` and `python -m release build`.
+`python -m kiln.codegen build` and `python -m release build`.
 
 The job budget (-j, else runtime/resources.py's estimate from cores and free memory) is split
 between modules built side by side; each module's ninja gets its share. Every module is attempted;
@@ -27,8 +27,12 @@ class BuildFailed(RuntimeError):
 def build_all(specs: list[CompileSpec], ctx: ArchContext, *, toolchain: str, jobs: int = 0,
               force: bool = False, workspace: Workspace | None = None,
               say: Callable[[str], None] = lambda s: print(s, flush=True)) -> dict[str, str]:
-    """Build every spec into the disk cache; {module: "built" | "cached"}. BuildFailed names the
-    modules that failed after each one's error went to stderr."""
+    """Build every spec into the disk cache; {module: "built" | "cached"}. `jobs` 0: the
+    estimate; `force`: every unit of every module recompiles. BuildFailed names the modules that
+    failed after each one's error went to stderr."""
+    if jobs < 0:
+        raise ValueError(f"jobs must be 0 (the estimate from cores and free memory) or positive, "
+                         f"got {jobs}")
     est = resources.estimate_jobs(toolchain)
     total_jobs = jobs or est.jobs
     workers = max(1, min(total_jobs, len(specs)))

@@ -1,5 +1,5 @@
-"""`python -m codegen query|gen|build|explain|inspect|clean|where`: the build graph from the command
-line.
+"""`python -m kiln.codegen query|gen|build|explain|inspect|clean|where` (also `kiln-build`, and
+`python -m codegen` from the repository root): the build graph from the command line.
 
 Exit status 0 on success; otherwise non-zero, and the last line on stderr says why in one line.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from kiln.runtime import arch as arch_mod
 from kiln.runtime import build as rt_build
-from kiln.runtime import jit, ninja, resources
-from kiln.runtime.arch import ArchContext
+from kiln.runtime import jit, metadata, ninja, resources
+from kiln.runtime.arch import ArchContext, ArchError
 from kiln.runtime.lock import ModuleLock
 from kiln.runtime.spec import CompileSpec
 from kiln.runtime.toolchain import available
@@ -75,6 +75,31 @@ def _default_toolchain(args) -> str:
     return "host"
 
 
+def _arch_notes(args, toolchain: str, ctx: ArchContext, specs: list[CompileSpec]) -> None:
+    """Say what happens to the arch list: ignored by the host toolchain; archs a target does not
+    support are dropped (named here), and a target that supports none of them is an error."""
+    if toolchain == "host":
+        if args.arch_list:
+            print(f"note: --toolchain host ignores --arch-list {args.arch_list!r}: host modules "
+                  "are compiled for this CPU", file=sys.stderr)
+        return
+    seen = set()
+    for spec in specs:
+        if spec.label in seen or spec.toolchain != "cuda":
+            continue
+        seen.add(spec.label)
+        try:
+            ctx.restrict(spec.arch_families, spec.label or spec.name)
+        except ArchError as e:
+            raise CliError(str(e)) from None
+        dropped = [a for a in ctx.requested if not arch_mod.supports(spec.arch_families, a)]
+        if dropped:
+            families = ", ".join(str(f) for f in spec.arch_families)
+            print(f"note: {spec.label or spec.name} does not support "
+                  f"{arch_mod.format_arch_list(dropped)} ({ctx.source}); it is built for the "
+                  f"rest (its families: {families})", file=sys.stderr)
+
+
 def cmd_query(args) -> int:
     graph = load_graph()
     targets = graph.resolve(args.label)
@@ -126,6 +151,7 @@ def cmd_build(args) -> int:
     toolchain = _default_toolchain(args)
     ctx = ArchContext.current(args.arch_list)
     specs = _specs(args, toolchain)
+    _arch_notes(args, toolchain, ctx, specs)
     what = f"{toolchain}" + (f" for [{arch_mod.format_arch_list(ctx.requested)}]"
                              if toolchain == "cuda" else "")
     print(f"building {len(specs)} module(s) of {args.label} with {what}; ", end="", flush=True)
@@ -153,6 +179,7 @@ def cmd_explain(args) -> int:
     toolchain = _default_toolchain(args)
     ctx = ArchContext.current(args.arch_list)
     specs = _specs(args, toolchain)
+    _arch_notes(args, toolchain, ctx, specs)
     est = resources.estimate_jobs(toolchain)
     print(f"arch list in force: [{arch_mod.format_arch_list(ctx.requested)}] ({ctx.source})")
     print(f"parallel jobs: {est.jobs}  ({est.reason}); nvcc threads per job: {est.nvcc_threads}")
@@ -162,6 +189,9 @@ def cmd_explain(args) -> int:
         print(f"\n== {p.describe()}  ({spec.label}, uri {spec.uri})")
         print(f"spec key    {p.spec_key}")
         print(f"portable key {p.portable_key}  (finds precompiled modules; docs/release.md)")
+        if p.archs:
+            print(f"archs       {arch_mod.format_arch_list(p.archs)} (the arch list in force, "
+                  "restricted to the target's families)")
         print(f"cache slot  {p.key_dir}")
         print(f"generated   {p.gen_dir}")
         print("key parts:")
@@ -184,15 +214,16 @@ def cmd_explain(args) -> int:
         others = []
         for d in p.module_dir.glob("*/metadata.json") if p.module_dir.exists() else []:
             try:
-                others.append(json.loads(d.read_text()))
-            except ValueError:
+                md_other = metadata.read(d.parent)  # strict: a damaged one is skipped
+            except metadata.CorruptMetadata:
                 continue
-        others = [o for o in others if o.get("spec_key") != p.spec_key]
+            if md_other is not None and md_other.spec_key != p.spec_key:
+                others.append(md_other)
         if others:
-            last = max(others, key=lambda o: o.get("built_at", 0))
+            last = max(others, key=lambda o: o.built_at)
             print("  compared with the last build of this module "
-                  f"({time.ctime(last.get('built_at', 0))}), the key changed in:")
-            for line in _diff_parts(last.get("key_parts", {}), p.key_parts):
+                  f"({time.ctime(last.built_at)}), the key changed in:")
+            for line in _diff_parts(last.key_parts, p.key_parts):
                 print(f"    {line}")
     return 0
 
@@ -215,32 +246,68 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def _clean_module(mod_dir: Path) -> bool:
+    """Remove a module's cache slots, quarantine and lock files, if no process holds its lock;
+    False (and nothing removed) when one does."""
+    lock = ModuleLock(mod_dir / ".lock", mod_dir.name)
+    if not lock.try_acquire():
+        return False
+    for child in mod_dir.iterdir():
+        if child.name in (lock.path.name, lock.owner_path.name):
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+    lock.remove()  # unlinks the lock file while holding it, then releases it
+    try:
+        mod_dir.rmdir()
+    except OSError:
+        pass  # another process created something meanwhile: it stays
+    return True
+
+
 def cmd_clean(args) -> int:
+    """Remove generated sources and artifacts, with the lock files no process holds. A module
+    whose lock is held (a build in progress) is left as it is, and named."""
     ws = Workspace.current()
+    busy: list[str] = []
     if not args.label:
-        for d in (ws.generated, ws.artifacts):
-            if d.exists():
-                shutil.rmtree(d)
-        print(f"removed {ws.generated} and {ws.artifacts}")
+        mods = sorted(ws.artifacts.iterdir()) if ws.artifacts.is_dir() else []
+        for mod_dir in mods:
+            if mod_dir.is_dir() and not mod_dir.is_symlink() and not _clean_module(mod_dir):
+                busy.append(mod_dir.name)
+        if not busy and ws.generated.exists():
+            shutil.rmtree(ws.generated)  # while nothing builds: a build reads its sources
+        if ws.artifacts.is_dir() and not busy:
+            shutil.rmtree(ws.artifacts)
+        print(f"removed {ws.generated} and {ws.artifacts}" if not busy else
+              f"removed the artifacts of {len(mods) - len(busy)} module(s); kept {ws.generated} "
+              f"and {len(busy)} module(s) being built now (their lock is held): {', '.join(busy)}")
         return 0
     graph = load_graph()
     removed = 0
     for t in graph.resolve(args.label):
         for spec in expand(t):
+            mods = [ws.module_dir(spec.module_name(tc)) for tc in t.toolchains]
+            held = False
+            for mod_dir in mods:
+                if mod_dir.is_symlink():  # kiln never follows one: remove the link itself
+                    mod_dir.unlink()
+                    removed += 1
+                elif mod_dir.is_dir():
+                    if _clean_module(mod_dir):
+                        removed += 1
+                    else:
+                        held = True
+                        busy.append(mod_dir.name)
             gen = ws.generated / spec.uri
-            if gen.exists():
+            if gen.exists() and not held:
                 shutil.rmtree(gen)
                 removed += 1
-            for tc in t.toolchains:
-                mod_dir = ws.module_dir(spec.module_name(tc))
-                if mod_dir.exists():
-                    with ModuleLock(mod_dir / ".lock", spec.module_name(tc)):
-                        for child in mod_dir.iterdir():
-                            if child.is_dir():
-                                shutil.rmtree(child)
-                    removed += 1
     print(f"removed {removed} generated/artifact director{'y' if removed == 1 else 'ies'} "
-          f"of {args.label}")
+          f"of {args.label}" + (f"; kept {len(busy)} module(s) being built now (their lock is "
+                                f"held): {', '.join(busy)}" if busy else ""))
     return 0
 
 
@@ -266,8 +333,22 @@ def cmd_where(args) -> int:
     return 0
 
 
+def jobs_arg(text: str) -> int:
+    """-j/--jobs: 0 (the estimate from cores and memory) or a positive number of jobs."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a number of jobs, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(
+            f"must be 0 (the estimate from cores and free memory) or a positive number of jobs, "
+            f"got {n}")
+    return n
+
+
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m codegen", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m kiln.codegen",
+                                 description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
 
     def common(p, label_required=True):
@@ -290,10 +371,15 @@ def parser() -> argparse.ArgumentParser:
                               ("explain", cmd_explain, "commands, key parts, would it build now")):
         p = sub.add_parser(name, help=help_)
         common(p)
-        p.add_argument("--arch-list", help="CUDA archs, e.g. '8.0 9.0a' (cross-compiles)")
+        p.add_argument("--arch-list", help="CUDA archs, e.g. '8.0 9.0a' (cross-compiles); archs a "
+                                           "target does not support are dropped, with a note")
         if name == "build":
-            p.add_argument("-j", "--jobs", type=int, default=0, help="parallel compile jobs")
-            p.add_argument("--force", action="store_true", help="rebuild even when cached")
+            p.add_argument("-j", "--jobs", type=jobs_arg, default=0,
+                           help="parallel compile jobs; 0 (the default): min(cores, free memory / "
+                                "memory per job)")
+            p.add_argument("--force", action="store_true",
+                           help="rebuild every unit even when cached (from an empty build "
+                                "directory)")
         p.set_defaults(func=func)
 
     p = sub.add_parser("inspect", help="generated sources, build manifest, compiled module and cache "
@@ -304,7 +390,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("clean", help="remove generated sources and artifacts (of a label)")
+    p = sub.add_parser("clean", help="remove generated sources, artifacts and the lock files no "
+                                     "process holds (of a label)")
     p.add_argument("label", nargs="?")
     p.set_defaults(func=cmd_clean)
 

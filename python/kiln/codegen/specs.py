@@ -1,7 +1,8 @@
 """From a target's specialisation to the runtime's CompileSpec, for one toolchain (R3.10).
 
 The spec carries the compile units of that toolchain plus the binding, the flags of WORKSPACE.py's
-toolchain entry (its debug variant under KILN_JIT_DEBUG=1) followed by the target's own, the
+toolchain entry (its debug variant under KILN_JIT_DEBUG=1, its AddressSanitizer flags for compile
+and link under KILN_JIT_ASAN=1, host toolchain only) followed by the target's own, the
 include path (source root, pybind11), the arch families, and a `generate` callback that renders
 the specialisation into its generated directory.
 """
@@ -67,6 +68,9 @@ def compile_spec(spec: Specialisation, toolchain: str, graph: Graph | None = Non
         )
     tc = graph.workspace["TOOLCHAINS"][toolchain]
     debug = env.get("KILN_JIT_DEBUG")
+    # AddressSanitizer: WORKSPACE.py declares asan_flags for the host toolchain only, so a CUDA
+    # module (its host-compiled binding included) stays unsanitised; compute-sanitizer covers it.
+    asan = tuple(tc.get("asan_flags", ())) if env.get("KILN_JIT_ASAN") else ()
     files = unit_files(graph, target, toolchain)
     units = tuple(Unit(f.name, _LANG[f.suffix]) for f in files)
     # The binding and host units are C++ for the host compiler; only .cu files go to nvcc.
@@ -84,10 +88,10 @@ def compile_spec(spec: Specialisation, toolchain: str, graph: Graph | None = Non
         params=spec.params,
         include_dirs=(str(graph.root), _pybind11_include(),
                       *(str(graph.root / d) for d in target.include_dirs)),
-        cxx_flags=(*tc["debug_cxx_flags" if debug else "cxx_flags"], *target.cflags),
+        cxx_flags=(*tc["debug_cxx_flags" if debug else "cxx_flags"], *asan, *target.cflags),
         cuda_flags=(*tc.get("debug_cuda_flags" if debug else "cuda_flags", ()), *target.cuda_flags)
         if toolchain == "cuda" else (),
-        ldflags=(*tc.get("ldflags", ()), *target.ldflags),
+        ldflags=(*tc.get("ldflags", ()), *asan, *target.ldflags),
         arch_families=arch_families(graph, target) if toolchain == "cuda" else (),
         label=target.label,
         generate=generate,

@@ -50,12 +50,15 @@ def _torch() -> dict:
 
 
 def _arch_list() -> dict:
+    bad = env.snapshot().errors.get("KILN_CUDA_ARCH_LIST")
+    if bad is not None:
+        raise bad.__cause__ or bad  # the arch list's own error (ArchError), not the table's
     ctx = arch.ArchContext.current()
     return {"archs": [str(a) for a in ctx.requested], "source": ctx.source}
 
 
 def _diagnostics() -> dict:
-    s = Settings.from_env()
+    s = Settings.from_env(env.snapshot())  # the report is made whatever else is malformed
     return {"level": s.level, "level_name": LEVELS.get(s.level) or f"as level {s.level - 1}", "dest": s.dest,
             "dump": s.dump, "dump_dir": s.dump_dir, "dump_max_count": s.dump_max_count,
             "dump_max_bytes": s.dump_max_bytes, "include": list(s.include),
@@ -68,15 +71,18 @@ def variables() -> list[dict]:
                    | {k for k in env.KNOBS if k in os.environ}
                    | {k for k in RELATED if k in os.environ})
     out = []
+    snap = env.snapshot()
     for name in names:
         row = {"name": name, "value": os.environ[name]}
         knob = env.KNOBS.get(name)
         if knob is None:
-            row["status"] = "related" if name in RELATED else "unknown"
+            row["status"] = ("related" if name in RELATED else
+                             "script" if name in env.SCRIPT_VARIABLES else "unknown")
         else:
             row["default"] = env.get_default(knob)
             try:
-                row["status"] = "non-default" if env.get(name) != env.get_default(knob) else "default"
+                value = snap.value(name)
+                row["status"] = "non-default" if value != env.get_default(knob) else "default"
             except env.EnvError as e:
                 row["status"], row["error"] = "invalid", str(e)
         out.append(row)
@@ -86,7 +92,7 @@ def variables() -> list[dict]:
 def collect() -> dict:
     import kiln
 
-    ws = Workspace.current()
+    ws = Workspace(Path(env.snapshot().value("KILN_WORKSPACE_BASE")).absolute())
     return {
         "kiln": {"version": sources.kiln_version(), "package": str(Path(kiln.__file__).parent),
                  "sources": str(_probe(sources.source_root))},
@@ -150,12 +156,13 @@ def format_text(r: dict) -> str:
     lines.append("")
     lines.append("variables set (* not the default: name it beside any result it produced; "
                  "? not a kiln variable; ! invalid)")
-    marks = {"non-default": "*", "default": " ", "unknown": "?", "invalid": "!", "related": " "}
+    marks = {"non-default": "*", "default": " ", "unknown": "?", "invalid": "!", "related": " ",
+             "script": " "}
     width = max((len(v["name"]) + len(v["value"]) + 1 for v in r["variables"]), default=0)
     for v in r["variables"]:
         note = {"non-default": f"default {v.get('default')!r}", "default": "the default",
                 "unknown": "not a kiln variable: a typo?", "invalid": v.get("error", ""),
-                "related": "CUDA/torch"}[v["status"]]
+                "related": "CUDA/torch", "script": "read by kiln's scripts"}[v["status"]]
         setting = f"{v['name']}={v['value']}"
         lines.append(f"  {marks[v['status']]} {setting:<{width}}  ({note})")
     if not r["variables"]:

@@ -14,11 +14,11 @@ from kiln.runtime import env
 
 # Each level adds to the ones below it; 2 and 4 act as 1 and 3.
 LEVELS = {0: "off", 1: "call names", 3: "arguments and outputs", 5: "tensor statistics"}
-BACKENDS = ("host", "cuda")
+BACKENDS = env.KNOBS["KILN_FORCE_BACKEND"].choices
 
 
-def _patterns(name: str) -> tuple[str, ...]:
-    return tuple(p.strip() for p in str(env.get(name)).split(",") if p.strip())
+def _patterns(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in str(text).split(",") if p.strip())
 
 
 @dataclass(frozen=True)
@@ -34,33 +34,29 @@ class Settings:
     force_backend: str = ""
 
     @classmethod
-    def from_env(cls) -> Settings:
-        level = env.get("KILN_LOGLEVEL")
-        if level > 5:
-            raise env.EnvError(
-                f"KILN_LOGLEVEL={level} is not a level; use 0 (off), 1 (call names), 3 (arguments "
-                "and outputs) or 5 (also tensor statistics)")
-        dump = env.get("KILN_DUMP")
-        dump_dir = env.get("KILN_DUMP_DIR")
+    def from_env(cls, snapshot: env.Snapshot | None = None) -> Settings:
+        """The settings in force. Read through the environment table, so any malformed KILN_*
+        value is an error here as everywhere (env.py). With `snapshot` (a report that shows every
+        variable, valid or not), only the diagnostic variables' own errors are raised."""
+        if snapshot is None:
+            snapshot = env.snapshot()
+            snapshot.check()
+        get = snapshot.value
+        dump, dump_dir = get("KILN_DUMP"), get("KILN_DUMP_DIR")
         if dump and not dump_dir:
             raise env.EnvError(
                 "KILN_DUMP=1 needs KILN_DUMP_DIR: set it to a dedicated directory for the dumps "
                 "(created owner-only if missing)")
-        force = str(env.get("KILN_FORCE_BACKEND")).lower()
-        if force and force not in BACKENDS:
-            raise env.EnvError(
-                f"KILN_FORCE_BACKEND={force!r} is not a backend; use 'host' or 'cuda', or leave it "
-                "unset (the default: each call runs on the backend of its tensors' device)")
         return cls(
-            level=level,
-            dest=str(env.get("KILN_LOGDEST")) or "stderr",
+            level=get("KILN_LOGLEVEL"),  # 0..5, checked by the table
+            dest=str(get("KILN_LOGDEST")) or "stderr",
             dump=dump,
             dump_dir=dump_dir,
-            dump_max_count=env.get("KILN_DUMP_MAX_COUNT"),
-            dump_max_bytes=env.get("KILN_DUMP_MAX_BYTES"),
-            include=_patterns("KILN_DUMP_INCLUDE"),
-            exclude=_patterns("KILN_DUMP_EXCLUDE"),
-            force_backend=force,
+            dump_max_count=get("KILN_DUMP_MAX_COUNT"),
+            dump_max_bytes=get("KILN_DUMP_MAX_BYTES"),
+            include=_patterns(get("KILN_DUMP_INCLUDE")),
+            exclude=_patterns(get("KILN_DUMP_EXCLUDE")),
+            force_backend=get("KILN_FORCE_BACKEND"),  # "", "host" or "cuda", checked by the table
         )
 
     @property

@@ -20,6 +20,11 @@ class ArchError(ValueError):
     """An arch list cannot be parsed, or no requested arch is supported by a target."""
 
 
+class ArchListError(ArchError, env.EnvError):
+    """KILN_CUDA_ARCH_LIST holds something that is not an arch list (an ArchError and an EnvError:
+    the environment table refuses it on every path, not only where CUDA archs are needed)."""
+
+
 @dataclass(frozen=True, order=True)
 class Arch:
     major: int
@@ -69,6 +74,14 @@ def parse_arch_list(text: str) -> tuple[Arch, ...]:
     """Parse "8.0 9.0a", "8.0;9.0a", "8.0,9.0a"; sorted, duplicates removed."""
     items = [t for t in re.split(r"[\s;,]+", text.strip()) if t]
     return tuple(sorted({parse_arch(t) for t in items}))
+
+
+def check_env_arch_list(raw: str) -> None:
+    """The check the environment table runs on KILN_CUDA_ARCH_LIST."""
+    try:
+        parse_arch_list(raw)
+    except ArchError as e:
+        raise ArchListError(f"KILN_CUDA_ARCH_LIST={raw!r}: {e}") from e
 
 
 def format_arch_list(archs) -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import download, env, manifest, sources
-from .arch import Arch, ArchError, arch_list_tag, parse_arch_list_tag
+from .arch import Arch, ArchError, arch_list_tag, parse_arch_list, parse_arch_list_tag
 from .log import logger
 from .manifest import Manifest, ModuleEntry
 from .workspace import Workspace
@@ -61,6 +61,13 @@ class ReleaseId:
             return parse_arch_list_tag(self.tag)
         except ArchError:
             return None
+
+    @classmethod
+    def of(cls, m: Manifest) -> ReleaseId:
+        """The release a manifest describes: where its set lies in the repository layout, and
+        the key of its pin."""
+        return cls(m.kiln_version, tag_for(m.toolchain, parse_arch_list(m.arch_list)),
+                   m.python_abi)
 
     @classmethod
     def parse(cls, path: str) -> ReleaseId:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import env, metadata, ninja, resources, sources
+from . import cache, env, metadata, ninja, resources, sources
 from .arch import Arch, ArchContext
 from .files import write_atomic, write_if_different
 from .key import KEY_FORMAT, action_key, collect_deps, file_digest, spec_key
@@ -27,7 +27,7 @@ from .workspace import Workspace
 class CompileError(RuntimeError):
     """A module failed to compile. The message holds the compiler's own output and the command."""
 
-    def __init__(self, module: str, output: str, build_dir: Path):
+    def __init__(self, module: str, output: str, build_dir: Path, label: str = ""):
         self.module = module
         self.output = output
         self.build_dir = build_dir
@@ -36,7 +36,21 @@ class CompileError(RuntimeError):
             f"kiln: compiling {module} failed.\n{tail.rstrip()}\n"
             f"(ninja, in {build_dir}: the FAILED line above is the command that failed; "
             f"KILN_JIT_VERBOSE=1 streams the compiler output; "
-            f"'python -m codegen explain' prints every command and the key)"
+            f"'python -m kiln.codegen explain {label or '<label>'}' prints every command and the "
+            f"key)"
+        )
+
+
+class BuildWriteError(RuntimeError):
+    """Writing a module's sources, build files or published files failed (a full disk, a file-size
+    limit, a read-only workspace). Nothing was published: the next use builds it again."""
+
+    def __init__(self, module: str, error: OSError):
+        self.module = module
+        where = f" {error.filename}" if error.filename else ""
+        super().__init__(
+            f"kiln: building {module} failed writing{where}: {error.strerror or error} (a full "
+            f"disk or a file-size limit?). Nothing was published; the next use builds it again."
         )
 
 
@@ -222,11 +236,20 @@ def write_manifest(p: BuildPlan, build_dir: Path) -> Path:
 def compile_plan(p: BuildPlan, *, key_dir: Path | None = None, jobs: int | None = None,
                  quiet: bool = False) -> metadata.Metadata:
     """Generate, compile and publish `p` into `key_dir` (default: its cache slot). Caller holds
-    the module lock when `key_dir` is shared."""
-    log = logger()
+    the module lock when `key_dir` is shared, and has prepared the slot (runtime/cache.py: a build
+    directory is either empty or verified). A write that fails (a full disk) is BuildWriteError
+    and publishes nothing."""
     if p.toolchain_problem:
         raise ToolchainError(f"cannot compile {p.describe()}: {p.toolchain_problem}")
-    key_dir = p.workspace.ensure(key_dir or p.key_dir)
+    try:
+        return _compile(p, key_dir or p.key_dir, jobs, quiet)
+    except OSError as e:
+        raise BuildWriteError(p.describe(), e) from e
+
+
+def _compile(p: BuildPlan, key_dir: Path, jobs: int | None, quiet: bool) -> metadata.Metadata:
+    log = logger()
+    key_dir = p.workspace.ensure(key_dir)
     gen_dir = generate_sources(p.spec, p.gen_dir, p.workspace)
     build_dir = p.workspace.ensure(key_dir / "build")
     write_manifest(p, build_dir)
@@ -240,20 +263,25 @@ def compile_plan(p: BuildPlan, *, key_dir: Path | None = None, jobs: int | None 
                   on_tick=None if quiet else
                   lambda s: log.info("kiln: still compiling %s (%.0fs)", p.describe(), s))
     except ninja.NinjaFailed as e:
-        raise CompileError(p.describe(), e.output, build_dir) from None
+        raise CompileError(p.describe(), e.output, build_dir, p.spec.label) from None
     elapsed = time.monotonic() - start
     deps = collect_deps([build_dir / (u.obj + ".d") for u in p.spec.units], (gen_dir,))
     akey = action_key(p.spec_key, deps)
-    lib_name = f"{p.spec.name}.{akey[:16]}{sources.extension_suffix()}"
+    lib_name = metadata.library_name(p.spec.name, akey, sources.extension_suffix())
+    outputs = cache.output_digests(
+        build_dir, [n for u in p.spec.units for n in (u.obj, u.obj + ".d")] + [p.output])
+    lib_sha, lib_size = outputs[p.output][1], outputs[p.output][0]
     write_atomic(key_dir / lib_name, (build_dir / p.output).read_bytes(), mode=0o700)
+    if file_digest(key_dir / lib_name) != lib_sha:  # the copy is what was built, or nothing
+        raise OSError(f"the copy of {build_dir / p.output} in {key_dir} differs from it")
     md = metadata.Metadata(
         module=p.spec.name, uri=p.spec.uri, label=p.spec.label,
         kiln_version=p.key_parts["kiln_version"], python_abi=p.key_parts["python_abi"],
-        spec_key=p.spec_key, action_key=akey, library=lib_name,
-        library_sha256=file_digest(key_dir / lib_name),
-        library_size=(key_dir / lib_name).stat().st_size, archs=[str(a) for a in p.archs],
+        spec_key=p.spec_key, action_key=akey, library=lib_name, library_sha256=lib_sha,
+        library_size=lib_size, archs=[str(a) for a in p.archs],
         toolchain=p.key_parts["toolchain"], key_parts=p.key_parts, deps=deps,
         commands=ninja.commands(build_dir), built_at=time.time(), build_seconds=round(elapsed, 3),
+        outputs=outputs,
     )
     metadata.write(key_dir, md)  # the commit marker, last
     for old in key_dir.glob(f"{p.spec.name}.*{sources.extension_suffix()}"):

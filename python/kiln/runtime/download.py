@@ -5,8 +5,10 @@ Every download is
     renamed into place, so a reader never sees a partial or unverified file;
   - locked: one flock per destination; the file is re-checked after taking it, so processes that
     want the same artifact download it once;
-  - bounded: KILN_DOWNLOAD_TIMEOUT limits the wait to connect and between two reads (never a hang),
-    and no more bytes than expected are read; KILN_DOWNLOAD_JOBS bounds parallel downloads;
+  - bounded: KILN_DOWNLOAD_DEADLINE bounds the whole download of one file, retries and backoff
+    included (a server that trickles a byte a second is given up on, and the lock released, when
+    it passes); KILN_DOWNLOAD_TIMEOUT bounds each wait for the server (to connect, or for any
+    data); no more bytes than expected are read; KILN_DOWNLOAD_JOBS bounds parallel downloads;
   - retried with exponential backoff on transient failures (timeouts, dropped or refused
     connections, HTTP 5xx, 408 and 429), KILN_DOWNLOAD_RETRIES times; permanent ones (404, a
     checksum mismatch, a file that is too short or too long) fail at once;
@@ -44,6 +46,10 @@ class DownloadError(RuntimeError):
 
 class ChecksumError(DownloadError):
     """The bytes downloaded are not the bytes the manifest (or the pin) promised."""
+
+
+class DeadlineError(DownloadError):
+    """A download did not complete within KILN_DOWNLOAD_DEADLINE."""
 
 
 class _Transient(Exception):
@@ -104,8 +110,19 @@ class _Progress:
                       time.monotonic() - self.start)
 
 
-def _attempt(item: Item, tmp: Path, timeout: float) -> None:
-    """One download of `item` into `tmp`; _Transient or DownloadError when it fails."""
+def _deadline_error(item: Item, deadline_s: float, done: int | None = None,
+                    total: int | None = None) -> DeadlineError:
+    got = f" ({done} of {total or '?'} bytes received)" if done is not None else ""
+    return DeadlineError(f"{item.what}: gave up on {item.url} after {deadline_s:.0f}s"
+                         f"{got}: KILN_DOWNLOAD_DEADLINE={deadline_s:.0f} bounds a download, "
+                         "retries included. Check the network or the repository, or raise it for a "
+                         "slow link")
+
+
+def _attempt(item: Item, tmp: Path, timeout: float, deadline: float, deadline_s: float) -> None:
+    """One download of `item` into `tmp`, giving up at `deadline` (time.monotonic()); _Transient
+    or DownloadError when it fails. Each read returns what one receive brings (read1), so the
+    deadline is checked at least every `timeout` seconds however slowly the data comes."""
     progress = _Progress(item)
     request = urllib.request.Request(item.url, headers={"User-Agent": f"kiln/{kiln_version()}"})
     try:
@@ -119,8 +136,11 @@ def _attempt(item: Item, tmp: Path, timeout: float) -> None:
             progress.begin()
             done = 0
             h = hashlib.sha256()
+            read = getattr(resp, "read1", resp.read)
             with open(tmp, "wb") as f:
-                while chunk := resp.read(CHUNK):
+                while chunk := read(CHUNK):
+                    if time.monotonic() > deadline:
+                        raise _deadline_error(item, deadline_s, done, item.size or announced)
                     done += len(chunk)
                     if done > limit:
                         raise DownloadError(f"{item.what}: {item.url} sent more than the {limit} "
@@ -166,6 +186,8 @@ def fetch(item: Item) -> bool:
         if problem(dest, item.sha256, item.size) is None:
             return False  # another process downloaded it while we waited
         timeout = max(1, env.get("KILN_DOWNLOAD_TIMEOUT"))
+        deadline_s = env.get("KILN_DOWNLOAD_DEADLINE")
+        deadline = time.monotonic() + deadline_s
         retries = env.get("KILN_DOWNLOAD_RETRIES")
         tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
         last = ""
@@ -173,11 +195,16 @@ def fetch(item: Item) -> bool:
             for attempt in range(retries + 1):
                 if attempt:
                     delay = min(MAX_BACKOFF_S, BACKOFF_S * 2 ** (attempt - 1))
+                    if time.monotonic() + delay >= deadline:
+                        raise _deadline_error(item, deadline_s)
                     logger().warning("kiln: downloading %s failed (%s); retry %d of %d in %.1fs",
                                      item.what, last, attempt, retries, delay)
                     time.sleep(delay)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise _deadline_error(item, deadline_s)
                 try:
-                    _attempt(item, tmp, timeout)
+                    _attempt(item, tmp, min(timeout, remaining), deadline, deadline_s)
                 except _Transient as e:
                     last = str(e)
                     continue

@@ -1,11 +1,19 @@
-"""Atomic file writes (readers see the old content or the new, never a part of either), and the
-check that nobody else can replace a file kiln is about to load."""
+"""Atomic file writes (readers see the old content or the new, never a part of either), the
+checks that nobody else can replace a file kiln is about to load, and file digests computed once
+per process.
+
+A file kiln loads (or trusts the contents of) must be a regular file, reached through no link,
+owned by this user or root, and writable by neither group nor others: a file someone else can
+write is code someone else can run.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import tempfile
+import threading
 from pathlib import Path
 
 
@@ -24,11 +32,13 @@ def write_atomic(path: Path, data: str | bytes, mode: int | None = None) -> None
         if mode is not None:
             os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(e, OSError) and e.filename is None:  # a failed write names no file
+            raise OSError(e.errno, e.strerror, str(path)) from e
         raise
 
 
@@ -63,3 +73,42 @@ def check_not_replaceable(path: Path, up_to: Path, fix: str) -> None:
             raise UntrustedPath(f"refusing to load {path}: {p} is writable by other users (mode "
                                 f"{stat.S_IMODE(st.st_mode):o}), so it could be replaced. Run "
                                 f"'chmod go-w {p}', or: {fix}")
+
+
+def untrusted_file(st: os.stat_result) -> str | None:
+    """Why the file with status `st` (from lstat or fstat) cannot be trusted, or None."""
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    uid = os.getuid()
+    if st.st_uid not in (uid, 0):
+        return f"belongs to uid {st.st_uid}, not to you (uid {uid}) or root"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+_digests: dict[tuple, str] = {}
+_digests_lock = threading.Lock()
+
+
+def verified_digest(path: Path) -> str:
+    """The SHA-256 of the file at `path` (opened without following a link), computed once per
+    process per file version: the memo is keyed by device, inode, size, mtime and ctime, which
+    any rewrite of the file changes (ctime cannot be set back)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        with _digests_lock:
+            known = _digests.get(key)
+        if known is not None:
+            return known
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+    finally:
+        os.close(fd)
+    with _digests_lock:
+        _digests[key] = digest
+    return digest

@@ -2,11 +2,15 @@
 `load()`:
 
     in-process cache -> precompiled module (runtime/precompiled.py: packages, artifact directory,
-      download cache, artifact repository) -> disk cache (metadata validated, no lock)
+      download cache, artifact repository) -> disk cache (verified, no lock)
       -> KILN_DISABLE_JIT or no compiler? clear error
-      -> module lock -> re-check the disk cache -> generate + compile + publish -> load
+      -> module lock -> re-verify the slot -> recover it (runtime/cache.py: quarantine a damaged
+         slot, empty an interrupted one, verify a build directory before reusing it)
+      -> generate + compile + publish -> load
 
 Nothing is written anywhere before a cache miss (a download writes only to the download cache).
+Nothing is loaded that was not verified first: the library's size and SHA-256 against its
+metadata, the metadata against the slot, and every file and directory against other users.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from . import env, metadata, precompiled, sources
+from . import cache, env, files, metadata, precompiled, sources
 from .arch import ArchContext
 from .build import BuildPlan, compile_plan, plan
 from .loader import import_library
@@ -26,11 +30,34 @@ from .lock import ModuleLock
 from .log import logger
 from .spec import CompileSpec
 from .toolchain import ToolchainError
-from .workspace import Workspace
+from .workspace import Workspace, WorkspaceError
+
+BUILD_COMMAND = "python -m kiln.codegen build"  # works wherever kiln is installed (also: kiln-build)
 
 
 class JITDisabledError(RuntimeError):
     pass
+
+
+class SanitizerRuntimeError(RuntimeError):
+    """A module built with AddressSanitizer cannot be loaded into a process without its runtime."""
+
+
+def _asan_runtime_loaded() -> bool:
+    import ctypes
+
+    return hasattr(ctypes.CDLL(None), "__asan_init")
+
+
+def _check_sanitizer(p: BuildPlan) -> None:
+    """An ASan-instrumented module loaded into a process whose ASan runtime was not loaded first
+    aborts the process; say what to do instead."""
+    if "-fsanitize=address" in p.link_flags and not _asan_runtime_loaded():
+        raise SanitizerRuntimeError(
+            f"kiln: {p.describe()} is built with AddressSanitizer (KILN_JIT_ASAN=1), and loading "
+            "it needs the ASan runtime loaded before anything else: run Python as "
+            "LD_PRELOAD=$(c++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 python ... "
+            "(docs/troubleshooting.md), or unset KILN_JIT_ASAN.")
 
 
 @dataclass
@@ -48,20 +75,21 @@ _loaded: dict[tuple[str, str], ModuleType] = {}
 _mutex = threading.Lock()
 
 
+def verify(p: BuildPlan) -> cache.Entry:
+    """The state of `p`'s disk-cache slot (runtime/cache.py), without a lock or a write."""
+    if p.toolchain_problem:  # the key names the compiler, so without one no artifact can match
+        return cache.Entry("absent", None, f"no compiler to check it against: {p.toolchain_problem}")
+    return cache.verify(p)
+
+
 def check(p: BuildPlan) -> tuple[metadata.Metadata | None, str | None]:
     """The cached artifact of `p` and None, or (metadata or None, why it cannot be used)."""
-    if p.toolchain_problem:  # the key names the compiler, so without one no artifact can match
-        return None, f"no compiler to check it against: {p.toolchain_problem}"
-    try:
-        md = metadata.read(p.key_dir)
-    except metadata.CorruptMetadata as e:
-        return None, str(e)
-    return md, metadata.problem(md, p.key_dir, p.spec_key, p.key_parts["kiln_version"],
-                                p.key_parts["python_abi"])
+    entry = verify(p)
+    return entry.md, entry.reason
 
 
 def _load_published(p: BuildPlan, md: metadata.Metadata, key_dir: Path) -> ModuleType:
-    p.workspace.check_private(key_dir)
+    _check_sanitizer(p)
     module = import_library(p.spec.name, key_dir / md.library)
     logger().debug("kiln: loaded %s from %s", p.describe(), key_dir / md.library)
     return module
@@ -84,7 +112,6 @@ def load(spec: CompileSpec, arch_ctx: ArchContext | None = None,
 
 
 def _load_uncached(p: BuildPlan) -> ModuleType:
-    log = logger()
     module, searched = precompiled.lookup(p)
     if module is not None:
         stats.precompiled_hits += 1
@@ -93,17 +120,27 @@ def _load_uncached(p: BuildPlan) -> ModuleType:
     if env.get("KILN_NO_CACHE"):
         return _build_uncached(p)
 
-    md, reason = check(p)
-    if reason is None:
+    for attempt in range(2):
+        entry = verify(p)
+        if entry.state != "ok":
+            break
+        try:
+            module = _load_published(p, entry.md, p.key_dir)
+        except ImportError:
+            # Another process's rebuild may have superseded the library between verifying and
+            # loading it: verify again, once. Anything else is a real error.
+            if attempt or (p.key_dir / entry.md.library).exists():
+                raise
+            continue
         stats.disk_hits += 1
-        return _load_published(p, md, p.key_dir)
+        return module
 
     if env.get("KILN_DISABLE_JIT"):
         raise JITDisabledError(
             f"kiln: module {p.describe()} is needed but KILN_DISABLE_JIT=1 forbids compiling it, "
             f"and no valid artifact exists: no precompiled module ({searched}), and the disk "
-            f"cache {p.key_dir} has none ({reason}). Install a precompiled package for this kiln "
-            f"version and arch, run 'python -m codegen build {p.spec.label or p.spec.name}' "
+            f"cache {p.key_dir} has none ({entry.reason}). Install a precompiled package for this "
+            f"kiln version and arch, run '{BUILD_COMMAND} {p.spec.label or p.spec.name}' "
             f"beforehand, or unset KILN_DISABLE_JIT."
         )
     if p.toolchain_problem:
@@ -112,16 +149,31 @@ def _load_uncached(p: BuildPlan) -> ModuleType:
             f"serves it ({searched})."
         )
 
-    log.debug("kiln: cache miss for %s: %s", p.describe(), reason)
+    logger().debug("kiln: cache miss for %s: %s", p.describe(), entry.reason)
+    md, _ = _build_locked(p)
+    module = _load_published(p, md, p.key_dir)
+    return module
+
+
+def _build_locked(p: BuildPlan, force: bool = False, jobs: int | None = None,
+                  quiet: bool = False) -> tuple[metadata.Metadata, bool]:
+    """Under the module lock: the slot's verified metadata, building (after recovering the slot)
+    when it is not usable or `force`. Returns (metadata, whether it was built now)."""
+    p.workspace.check_slot(p.key_dir)  # refuse an unsafe workspace before creating anything in it
     p.workspace.ensure(p.module_dir)
     with ModuleLock(p.module_dir / ".lock", p.describe()):
-        md, reason = check(p)  # another process may have built it while we waited
-        if reason is not None:
-            md = compile_plan(p)
-            stats.compiled += 1
-        else:
+        entry = verify(p)  # another process may have built it while we waited
+        if entry.state == "ok" and not force:
             stats.disk_hits += 1
-    return _load_published(p, md, p.key_dir)
+            return entry.md, False
+        cache.prepare(p, entry, force=force)
+        compile_plan(p, jobs=jobs, quiet=quiet)
+        stats.compiled += 1
+        entry = verify(p)
+        if entry.state != "ok":  # what was just published must verify like any other slot
+            raise WorkspaceError(f"kiln: {p.describe()} was built into {p.key_dir} but does not "
+                                 f"verify: {entry.reason}")
+        return entry.md, True
 
 
 def _build_uncached(p: BuildPlan) -> ModuleType:
@@ -130,6 +182,11 @@ def _build_uncached(p: BuildPlan) -> ModuleType:
     try:
         md = compile_plan(p, key_dir=tmp)
         stats.compiled += 1
+        p.workspace.check_private(tmp)
+        lib = tmp / md.library
+        why = files.untrusted_file(lib.lstat())
+        if why or files.verified_digest(lib) != md.library_sha256:
+            raise WorkspaceError(f"kiln: {lib}, just built, {why or 'does not match its digest'}")
         return _load_published(p, md, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # the loaded library stays mapped
@@ -138,17 +195,15 @@ def _build_uncached(p: BuildPlan) -> ModuleType:
 def build(spec: CompileSpec, arch_ctx: ArchContext | None = None,
           workspace: Workspace | None = None, jobs: int | None = None,
           force: bool = False, quiet: bool = False) -> tuple[str, BuildPlan]:
-    """Build `spec` into the disk cache without loading it. Returns ("built"|"cached", plan)."""
+    """Build `spec` into the disk cache without loading it. Returns ("built"|"cached", plan).
+    `force` rebuilds every unit, from an empty build directory."""
     p = plan(spec, arch_ctx, workspace)
-    if not force and check(p)[1] is None:
+    if not force and verify(p).state == "ok":
         return "cached", p
-    p.workspace.ensure(p.module_dir)
-    with ModuleLock(p.module_dir / ".lock", p.describe()):
-        if force or check(p)[1] is not None:
-            compile_plan(p, jobs=jobs, quiet=quiet)
-            stats.compiled += 1
-            return "built", p
-    return "cached", p
+    if p.toolchain_problem:
+        raise ToolchainError(f"kiln: cannot build {p.describe()}: {p.toolchain_problem}")
+    _, built = _build_locked(p, force=force, jobs=jobs, quiet=quiet)
+    return ("built" if built else "cached"), p
 
 
 def clear_memory_cache() -> None:
@@ -157,4 +212,5 @@ def clear_memory_cache() -> None:
         _loaded.clear()
 
 
-__all__ = ["load", "build", "check", "plan", "stats", "JITDisabledError", "sources"]
+__all__ = ["load", "build", "check", "verify", "plan", "stats", "JITDisabledError",
+           "SanitizerRuntimeError", "sources", "BUILD_COMMAND"]

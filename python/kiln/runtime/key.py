@@ -21,8 +21,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 KEY_FORMAT = 1
 
@@ -43,9 +43,9 @@ def spec_key(parts: dict) -> str:
     return hashlib.sha256(canonical_json(parts).encode()).hexdigest()
 
 
-@dataclass(frozen=True)
-class Dep:
-    """A file the compiler read, as it was when the module was built."""
+class Dep(NamedTuple):
+    """A file the compiler read, as it was when the module was built. (A tuple: a module reads
+    hundreds of headers, and the warm path builds one per header.)"""
 
     path: str
     size: int
@@ -145,4 +145,4 @@ def collect_deps(depfiles: list[Path], exclude_under: tuple[Path, ...]) -> list[
 
 
 def deps_summary(deps: list[Dep]) -> list[dict]:
-    return [asdict(d) for d in deps]
+    return [d._asdict() for d in deps]

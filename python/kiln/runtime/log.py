@@ -19,13 +19,8 @@ def logger() -> logging.Logger:
     global _configured
     log = logging.getLogger("kiln.jit")
     if not _configured:
+        level = logging.getLevelName(env.get("KILN_JIT_LOGLEVEL"))  # a name the table checked
         _configured = True
-        level_name = str(env.get("KILN_JIT_LOGLEVEL")).upper()
-        level = logging.getLevelName(level_name)
-        if not isinstance(level, int):
-            raise env.EnvError(
-                f"KILN_JIT_LOGLEVEL={level_name!r} is not a level; use DEBUG, INFO, WARNING or ERROR"
-            )
         if not log.handlers:
             handler = logging.StreamHandler(sys.stderr)
             handler.setFormatter(logging.Formatter("%(message)s"))

@@ -15,7 +15,10 @@ A manifest entry serves a plan when (docs/release.md):
   - every kiln header it was compiled from has, here, the digest it had there (so an edited
     kernel is never served stale), which makes its portable action key this installation's,
   - its file is the one the manifest names (SHA-256), reached through no link, and not
-    replaceable by another user.
+    replaceable by another user;
+  - for an installed package: its manifest is the pinned one when this kiln pins its release
+    (release/pins.json, KILN_ARTIFACT_PINS); a package of a release this kiln does not pin (a
+    local build) is checked against its own manifest only (docs/release.md says what that means).
 A package built for another kiln version is an error (R5.14), unless KILN_SKIP_VERSION_CHECK=1,
 which matches it by module, parameters, toolchain, build settings and archs, and warns on every
 load (R5.15). A module that must be downloaded and cannot be (offline, no network, tampered) is
@@ -33,7 +36,7 @@ from pathlib import Path
 from types import ModuleType
 
 from . import artifacts, download, env, manifest, sources
-from .arch import format_arch_list, parse_arch, uncovered
+from .arch import ArchError, format_arch_list, parse_arch, uncovered
 from .artifacts import ArtifactError, ReleaseId
 from .files import check_not_replaceable
 from .key import file_digest
@@ -217,10 +220,18 @@ def _from_directory(root: Path, label: str, plan, searched: list[str],
 def _from_package(pkg: Package, plan, searched: list[str]) -> Found | None:
     path = pkg.directory / manifest.MANIFEST
     try:
-        m, _ = manifest.read(path)
-    except (OSError, manifest.ManifestError) as e:
+        m, digest = manifest.read(path)
+        rid = ReleaseId.of(m)
+    except (OSError, manifest.ManifestError, ArchError) as e:
         raise PrecompiledError(f"{pkg.where} is broken: {e}. Reinstall it (pip install "
                                f"--force-reinstall {pkg.dist}) or uninstall it.") from None
+    pinned = artifacts.pins().get(rid.path) if artifacts.verifying() else None
+    if pinned is not None and pinned != digest:
+        raise PrecompiledError(
+            f"{pkg.where}: its manifest has SHA-256 {digest}, but this kiln pins release "
+            f"{rid.path} to {pinned}: the package is not the one released (rebuilt or re-signed "
+            f"elsewhere, or tampered with); refusing it. Install the released package, or "
+            f"uninstall it (pip uninstall {pkg.dist}).")
     version = sources.kiln_version()
     compat = False
     if m.kiln_version != version:

@@ -4,7 +4,7 @@
 
 MAX_JOBS overrides the result; KILN_NVCC_THREADS sets nvcc's --threads (parallel gencode passes).
 The memory per thread is an estimate from measured peak RSS of kiln's heaviest units (a CUDA unit
-with several arch targets, a pybind11 binding); `python -m codegen explain` prints the estimate.
+with several arch targets, a pybind11 binding); `python -m kiln.codegen explain` prints the estimate.
 """
 
 from __future__ import annotations

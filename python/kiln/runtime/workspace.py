@@ -77,28 +77,48 @@ class Workspace:
                 ) from e
         return path
 
+    def _refuse(self, path: Path, d: Path, why: str, fix: str) -> WorkspaceError:
+        return WorkspaceError(f"refusing to load a kiln module from {path}: {d} {why}. {fix}")
+
     def check_private(self, path: Path) -> None:
-        """Refuse a directory (and its parents up to the base) that another user could write to."""
-        path = Path(path)
+        """Refuse a directory (and its parents up to the base) that another user could write to,
+        or a link below the base (the base itself may be a link: it is configured)."""
+        self.check_slot(Path(path), slot_inside=False)
+
+    def check_slot(self, key_dir: Path, slot_inside: bool = True) -> tuple[bool, str | None]:
+        """Check the directories from the base down to the cache slot `key_dir`, without
+        following a link below the base. Returns (whether the slot exists, why it is damaged or
+        None). A directory another user owns or can write, or a link or non-directory above the
+        slot, is a WorkspaceError: nothing can be built or loaded safely there. The slot itself
+        being a link or not a directory is damage (it can be moved aside and rebuilt).
+        With `slot_inside` False, `key_dir` is any directory to load from (a KILN_NO_CACHE
+        temporary directory: checked on its own) and a problem with it is a WorkspaceError."""
+        key_dir = Path(key_dir)
         uid = os.getuid()
-        # Check from the module's directory up to the base; a directory outside the base (a
-        # KILN_NO_CACHE temp dir, a precompiled package) is checked on its own.
-        chain = [path]
-        if path.is_relative_to(self.base):
-            chain += [p for p in path.parents if p.is_relative_to(self.base)]
+        inside = key_dir.is_relative_to(self.base)
+        chain = [self.base, *reversed([p for p in key_dir.parents if p.is_relative_to(self.base)
+                                       and p != self.base])] if inside else []
+        chain.append(key_dir)
         for d in chain:
+            top = d == self.base or not inside
+            slot = d == key_dir and slot_inside and inside
             try:
-                st = d.stat()
+                st = d.stat() if top else d.lstat()  # the base (a configured path) may be a link
             except FileNotFoundError:
-                continue
+                return False, None
+            if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+                what = "is a symbolic link" if stat.S_ISLNK(st.st_mode) else "is not a directory"
+                if slot:
+                    return True, f"the cache slot {what}"
+                raise self._refuse(key_dir, d, what + " (kiln follows no link inside its "
+                                   "workspace)", "Remove it, or set KILN_WORKSPACE_BASE to a "
+                                   "private directory.")
             if st.st_uid != uid and st.st_uid != 0:
-                raise WorkspaceError(
-                    f"refusing to load a kiln module from {path}: {d} belongs to uid {st.st_uid}, "
-                    f"not to you (uid {uid}). Set KILN_WORKSPACE_BASE to a directory of your own."
-                )
+                raise self._refuse(key_dir, d, f"belongs to uid {st.st_uid}, not to you (uid "
+                                   f"{uid})", "Set KILN_WORKSPACE_BASE to a directory of your own.")
             if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                raise WorkspaceError(
-                    f"refusing to load a kiln module from {path}: {d} is writable by other users "
-                    f"(mode {stat.S_IMODE(st.st_mode):o}), so its contents could be replaced. Run "
-                    f"'chmod go-w {d}' or set KILN_WORKSPACE_BASE to a private directory."
-                )
+                raise self._refuse(key_dir, d, f"is writable by other users (mode "
+                                   f"{stat.S_IMODE(st.st_mode):o}), so its contents could be "
+                                   "replaced", f"Run 'chmod go-w {d}' or set KILN_WORKSPACE_BASE "
+                                   "to a private directory.")
+        return True, None

@@ -321,7 +321,7 @@ def test_bad_inputs(device):
 
 
 @pytest.mark.parametrize("device", device_params())
-def test_out_of_range_page_ids_are_an_index_error_naming_the_entry(device, monkeypatch):
+def test_out_of_range_page_ids_are_an_index_error_naming_the_entry(device, kiln_env):
     """The host backend refuses at once; CUDA records it and raises at check_errors(), or at once
     under KILN_VALIDATE_INDICES=1; the request's outputs are NaN, never a read past the cache."""
     gen = torch.Generator().manual_seed(2)
@@ -343,7 +343,7 @@ def test_out_of_range_page_ids_are_an_index_error_naming_the_entry(device, monke
     with pytest.raises(kiln.DeviceIndexError, match=message):
         kiln.check_errors()
     kiln.check_errors()  # reported once
-    monkeypatch.setenv("KILN_VALIDATE_INDICES", "1")
+    kiln_env.set("KILN_VALIDATE_INDICES", "1")
     w.plan(batch.indptr, bad, batch.last_page_len, 4, 2, 64, 16, q_data_type=torch.float16)
     with pytest.raises(kiln.DeviceIndexError, match=message):
         w.run(q, (batch.k_cache, batch.v_cache))

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from paged import make_paged
 
 import kiln
+from kiln.runtime import env
 from kiln.trace.attention import attention as reference
 
 # The kernel rounds P to the dtype for P V and the output once; the reference is float32.
@@ -58,6 +59,7 @@ def fa3_strict(backend, served=True):
         return
     old = os.environ.get("KILN_PREFILL_FA3_STRICT")
     os.environ["KILN_PREFILL_FA3_STRICT"] = "1"
+    env.reload()
     try:
         yield
     finally:
@@ -65,6 +67,7 @@ def fa3_strict(backend, served=True):
             del os.environ["KILN_PREFILL_FA3_STRICT"]
         else:
             os.environ["KILN_PREFILL_FA3_STRICT"] = old
+        env.reload()
 
 
 @pytest.mark.parametrize("device", device_params())
@@ -389,14 +392,14 @@ def test_backend_argument(device):
                 make("fa3")
 
 
-def test_auto_backend_picks_fa3_on_sm90_only(monkeypatch):
+def test_auto_backend_picks_fa3_on_sm90_only(monkeypatch, kiln_env):
     """backend="auto" asks for the sm90a kernel on compute capability 9.0 (faster there on every
     measured shape: docs/perf/prefill.md) and the fa2 kernel on every other device."""
     from kiln import _attention
 
     cuda = torch.device("cuda", 0)
     cpu = torch.device("cpu")
-    monkeypatch.delenv("KILN_PREFILL_FA3_STRICT", raising=False)
+    kiln_env.unset("KILN_PREFILL_FA3_STRICT")
     for cc, expected in (((9, 0), "fa3"), ((8, 0), "fa2"), ((8, 9), "fa2"), ((10, 0), "fa2"),
                          ((12, 0), "fa2")):
         monkeypatch.setattr(_attention.utils, "compute_capability", lambda device, cc=cc: cc)
@@ -405,7 +408,7 @@ def test_auto_backend_picks_fa3_on_sm90_only(monkeypatch):
         assert _attention.prefill_kernel("fa2", cuda, "api") == "fa2"
     assert _attention.prefill_kernel("auto", cpu, "api") == "fa2"
     # KILN_PREFILL_FA3_STRICT turns auto's fallback on 9.0 into an error too (docs/env.md).
-    monkeypatch.setenv("KILN_PREFILL_FA3_STRICT", "1")
+    kiln_env.set("KILN_PREFILL_FA3_STRICT", "1")
     monkeypatch.setattr(_attention.utils, "compute_capability", lambda device: (9, 0))
     _attention._is_sm90.cache_clear()
     assert _attention.prefill_kernel("auto", cuda, "api") == "fa3_strict"
