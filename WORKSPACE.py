@@ -13,7 +13,7 @@ nothing of kiln). It names:
 BUILD_ROOTS = ("ops",)
 
 # GPU architecture families. A target lists the families it supports in `archs=`; the arch context
-# restricts every CUDA build to those families and refuses the rest (R2.13-15). A family name with
+# restricts every CUDA build to those families and refuses the rest. A family name with
 # an "a" suffix in a target's list ("sm90a") means the target uses arch-specific instructions
 # (wgmma, setmaxnreg): a requested 9.0 is then compiled as 9.0a, which runs only on 9.0 devices.
 ARCH_FAMILIES = {
@@ -35,7 +35,7 @@ ARCH_FAMILIES = {
     },
 }
 
-# Dispatch-axis value tables: one table per axis kind, in one place (R5.11). Codegen turns an
+# Dispatch-axis value tables: one table per axis kind, in one place. Codegen turns an
 # axis value into the C++ spelling here when it renders a specialisation's config header; the
 # C++ names come from ops/common/dtypes.h, which maps them to CUDA or portable host types.
 AXIS_TABLES = {
@@ -46,7 +46,7 @@ AXIS_TABLES = {
     },
 }
 
-# Toolchains: one spec interface for every compiler (R2.1). Flags here are the base flags of every
+# Toolchains: one spec interface for every compiler. Flags here are the base flags of every
 # module built with the toolchain; a target adds its own `cflags` / `cuda_flags` / `ldflags`.
 TOOLCHAINS = {
     "host": {
@@ -83,6 +83,6 @@ TOOLCHAINS = {
     },
 }
 
-# Release packages are built for exactly this list (R7.14); `python -m release build --arch-list`
+# Release packages are built for exactly this list; `python -m release build --arch-list`
 # may name another.
 RELEASE_ARCH_LIST = "8.0 8.9 9.0a 10.0 12.0"

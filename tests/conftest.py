@@ -1,5 +1,5 @@
 """Shared test setup: a private workspace for the session, device parametrisation through kiln's
-capability helpers (R4.2-6), the `gpu` marker wiring, and the environment fixtures.
+capability helpers, the `gpu` marker wiring, and the environment fixtures.
 
 Tests never touch ~/.cache/kiln: the session uses a fresh KILN_WORKSPACE_BASE (or
 KILN_TEST_WORKSPACE, to keep compiled modules across local runs).

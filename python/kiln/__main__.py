@@ -4,7 +4,8 @@
     python -m kiln replay <dump> [--device D] [--exact]   re-run dumped calls, compare the outputs
     python -m kiln download --arch-list "8.0 9.0a"    prefetch precompiled modules (docs/release.md)
 
-The build graph has its own command line: `python -m codegen` (or `python -m kiln.codegen`).
+The build graph has its own command line: `kiln-build` (or `python -m kiln.codegen`; `python -m
+codegen` from the repository root).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Arch-list parsing, formatting, and restriction to a target's families (R2.12-15)."""
+"""Arch-list parsing, formatting, and restriction to a target's families."""
 
 import pytest
 

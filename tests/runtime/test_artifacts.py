@@ -1,4 +1,4 @@
-"""The artifact repository (R7.1-6) against a real HTTP server on 127.0.0.1 started by each test
+"""The artifact repository against a real HTTP server on 127.0.0.1 started by each test
 (nothing of the download code is mocked): a good download, a tampered file and manifest, a
 truncated file, a dropped connection, 404, a slow server and the timeout, a mirror, offline mode,
 concurrent downloaders, bounded parallelism, the local artifact directory, and prefetching."""
@@ -342,7 +342,7 @@ def test_the_download_command_fills_an_artifact_dir_that_is_searched_first(relea
     served = sum(repo.requests.values())
     kiln_env.set("KILN_ARTIFACT_DIR", str(dest))
     assert load(release).answer() == 42
-    assert sum(repo.requests.values()) == served  # the local directory came first (R7.6)
+    assert sum(repo.requests.values()) == served  # the local directory came first
 
 
 def test_a_tampered_artifact_dir_is_refused_like_a_download(release, repo, env, tmp_path,

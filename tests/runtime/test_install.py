@@ -1,5 +1,5 @@
 """A regular (non-editable) install: the wheel carries the kernel sources as kiln/_src, the
-package directory can be read-only, and kiln never writes into it (R2.6-7)."""
+package directory can be read-only, and kiln never writes into it."""
 
 import os
 import shutil

@@ -1,4 +1,4 @@
-"""The build-and-load template (R2.3-11, R5.1-10) on a toy module that compiles in a second."""
+"""The build-and-load template on a toy module that compiles in a second."""
 
 import json
 import os

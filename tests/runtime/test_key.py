@@ -1,4 +1,4 @@
-"""Cache identity (R5.2-4): depfile parsing, and a new key whenever sources, headers, flags,
+"""Cache identity: depfile parsing, and a new key whenever sources, headers, flags,
 archs, toolchain or version change -- and the same key when nothing did."""
 
 import dataclasses

@@ -1,4 +1,4 @@
-"""The compile lock (R5.6): released when its holder dies, never a silent hang, and N cold
+"""The compile lock: released when its holder dies, never a silent hang, and N cold
 processes compile a module once."""
 
 import os

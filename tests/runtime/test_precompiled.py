@@ -1,4 +1,4 @@
-"""Precompiled modules from an installed package (R1.7, R2.5-7, R5.14-15): found by portable key
+"""Precompiled modules from an installed package: found by portable key
 with no compiler, never stale, never from another kiln version unless deliberately, never
 tampered, never replaceable by another user; and the plan that needs no compiler."""
 

@@ -1,4 +1,4 @@
-"""Building many modules at once, with the JIT's memory-bounded parallelism (R1.9): shared by
+"""Building many modules at once, with the JIT's memory-bounded parallelism: shared by
 `python -m kiln.codegen build` and `python -m release build`.
 
 The job budget (-j, else runtime/resources.py's estimate from cores and free memory) is split

@@ -1,4 +1,4 @@
-"""`python -m codegen inspect <uri|module|label>`: what kiln generated, built and cached for a
+"""`kiln-build inspect <uri|module|label>`: what kiln generated, built and cached for a
 module, shown together:
 
     spec       label, URI, module name, toolchain, parameters
@@ -144,7 +144,7 @@ def format_text(r: dict, full: bool = False) -> str:
              f"{', ' + params if params else ''})", ""]
     src = r["sources"]
     if not src["exists"]:
-        lines.append(f"generated sources  none yet at {src['dir']} (a build, or 'python -m codegen "
+        lines.append(f"generated sources  none yet at {src['dir']} (a build, or 'python -m kiln.codegen "
                      "gen', renders them)")
     else:
         lines.append(f"generated sources  {src['dir']}")

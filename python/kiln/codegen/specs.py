@@ -1,4 +1,4 @@
-"""From a target's specialisation to the runtime's CompileSpec, for one toolchain (R3.10).
+"""From a target's specialisation to the runtime's CompileSpec, for one toolchain.
 
 The spec carries the compile units of that toolchain plus the binding, the flags of WORKSPACE.py's
 toolchain entry (its debug variant under KILN_JIT_DEBUG=1, its AddressSanitizer flags for compile

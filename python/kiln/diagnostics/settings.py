@@ -2,7 +2,7 @@
 
 `logged_api` reads them when it decorates an API, i.e. when kiln is imported: at level 0 with no
 dump and no forced backend it returns the function itself, so a disabled diagnostic costs nothing
-per call (R6.2). Changing KILN_LOGLEVEL after `import kiln` therefore has no effect.
+per call. Changing KILN_LOGLEVEL after `import kiln` therefore has no effect.
 """
 
 from __future__ import annotations

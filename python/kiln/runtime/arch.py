@@ -1,4 +1,4 @@
-"""CUDA architectures: parsing arch lists, detecting devices, and the arch context (R2.12-15).
+"""CUDA architectures: parsing arch lists, detecting devices, and the arch context.
 
 An arch list names compute capabilities: "8.0 9.0a", "8.0;9.0a", "sm_90a", "90a", "9.0+PTX".
 The arch context combines the detected devices with the explicitly requested list; before a module

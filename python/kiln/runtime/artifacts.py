@@ -1,4 +1,4 @@
-"""The artifact repository (R7.1-6): its layout, the pinned manifest digests that make it
+"""The artifact repository: its layout, the pinned manifest digests that make it
 trustworthy, and the local download cache.
 
 One layout for the repository, a KILN_ARTIFACT_DIR and the download cache:
@@ -11,7 +11,7 @@ for "8.0 9.0a"). A kiln release pins the SHA-256 of every manifest it may use, a
 `"<version>/<tag>/<abi>": "<sha256>"` in release/pins.json (shipped with the kernel sources;
 KILN_ARTIFACT_PINS names a file of more), and a manifest lists the SHA-256 of every file: neither a
 file nor a manifest can be swapped by the repository, a mirror or a local directory.
-KILN_VERIFY_CHECKSUMS=0 turns both checks off, with a warning on every use (R7.4).
+KILN_VERIFY_CHECKSUMS=0 turns both checks off, with a warning on every use.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def check_manifest_digest(rid: ReleaseId, actual: str, where: str) -> None:
     """Refuse a manifest whose digest is not the pinned one (or warn, when not verifying)."""
     if not verifying():
         logger().warning("kiln: WARNING: KILN_VERIFY_CHECKSUMS=0: using manifest %s without "
-                         "checking it against a pinned digest (a debugging aid only, R7.4)", where)
+                         "checking it against a pinned digest (a debugging aid only)", where)
         return
     pinned = pins().get(rid.path)
     if pinned is None:

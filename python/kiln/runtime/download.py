@@ -1,4 +1,4 @@
-"""Downloading files from the artifact repository (R7.3-5), for `file://`, `http://` and `https://`.
+"""Downloading files from the artifact repository, for `file://`, `http://` and `https://`.
 
 Every download is
   - atomic: written to a temporary file beside its destination, verified (size and SHA-256), then
@@ -178,7 +178,7 @@ def fetch(item: Item) -> bool:
         raise DownloadError(f"{item.what}: KILN_OFFLINE=1 forbids downloading {item.url}")
     if item.sha256 is None:
         logger().warning("kiln: WARNING: KILN_VERIFY_CHECKSUMS=0: %s from %s is not verified "
-                         "against a checksum (a debugging aid only, R7.4)", item.what, item.url)
+                         "against a checksum (a debugging aid only)", item.what, item.url)
     dest = Path(item.dest)
     if problem(dest, item.sha256, item.size) is None:
         return False

@@ -133,10 +133,10 @@ _KNOBS = (
     # Precompiled modules and the artifact repository (docs/release.md).
     Knob("KILN_SKIP_VERSION_CHECK", "bool", False,
          "Load precompiled modules built for another kiln version, with a warning on every load; "
-         "only for a deliberate, diagnosed mixed-version experiment (R5.15)."),
+         "only for a deliberate, diagnosed mixed-version experiment."),
     Knob("KILN_ARTIFACT_DIR", "path", "",
          "A local directory in the artifact-repository layout, searched before installed packages, "
-         "the download cache and any download (R7.6)."),
+         "the download cache and any download."),
     Knob("KILN_ARTIFACT_REPOSITORY", "str", "",
          "Base URL (https://, http:// or file://) of the artifact repository to download "
          "precompiled modules from. Empty: nothing is ever downloaded."),
@@ -148,9 +148,9 @@ _KNOBS = (
          "and where it was looked for."),
     Knob("KILN_VERIFY_CHECKSUMS", "bool", True,
          "Verify manifest pins and file SHA-256 sums. 0 is a debugging aid only and warns on "
-         "every use (R7.4)."),
+         "every use."),
     Knob("KILN_DOWNLOAD_JOBS", "int", 4,
-         "Parallel downloads at most (R7.5); 0 counts as 1."),
+         "Parallel downloads at most; 0 counts as 1."),
     Knob("KILN_DOWNLOAD_TIMEOUT", "int", 30,
          "Seconds a download may wait for the server (to connect, or for any data) before the "
          "attempt fails and is retried; 0 counts as 1."),

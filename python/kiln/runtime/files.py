@@ -43,7 +43,7 @@ def write_atomic(path: Path, data: str | bytes, mode: int | None = None) -> None
 
 
 def write_if_different(path: Path, data: str | bytes) -> bool:
-    """Write only when the content differs (R3.8), so unchanged files keep their mtime and ninja
+    """Write only when the content differs, so unchanged files keep their mtime and ninja
     rebuilds nothing for them. Returns True when it wrote."""
     path = Path(path)
     new = data.encode() if isinstance(data, str) else data

@@ -1,4 +1,4 @@
-"""The one build-and-load template (R2.3-5): every module of every toolchain is loaded through
+"""The one build-and-load template: every module of every toolchain is loaded through
 `load()`:
 
     in-process cache -> precompiled module (runtime/precompiled.py: packages, artifact directory,
@@ -177,7 +177,7 @@ def _build_locked(p: BuildPlan, force: bool = False, jobs: int | None = None,
 
 
 def _build_uncached(p: BuildPlan) -> ModuleType:
-    """KILN_NO_CACHE=1: build into a fresh temporary directory, load, and delete it (R5.10)."""
+    """KILN_NO_CACHE=1: build into a fresh temporary directory, load, and delete it."""
     tmp = Path(tempfile.mkdtemp(prefix=f"kiln-{p.spec.name}-"))
     try:
         md = compile_plan(p, key_dir=tmp)

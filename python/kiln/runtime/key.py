@@ -1,4 +1,4 @@
-"""Cache identity (R5.2-4): digests, the spec key, the action key, and header dependencies.
+"""Cache identity: digests, the spec key, the action key, and header dependencies.
 
 Two keys, both SHA-256 hex:
   spec key   = H(key parts): kiln version, module name, URI, parameters, toolchain identity,

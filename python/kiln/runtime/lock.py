@@ -1,4 +1,4 @@
-"""The compile lock (R5.6), also taken around each download of an artifact: an OS-level lock that
+"""The compile lock, also taken around each download of an artifact: an OS-level lock that
 can never outlive its holder, and never hangs silently.
 
 The lock is flock(2) on `<module dir>/.lock`: the kernel releases it when the holding process

@@ -1,4 +1,4 @@
-"""The JIT's own logger, 'kiln.jit': compiles, cache misses, lock waits, loads (R7.8).
+"""The JIT's own logger, 'kiln.jit': compiles, cache misses, lock waits, loads.
 
 It is separate from API-call logging and has its own level, KILN_JIT_LOGLEVEL (default INFO: a
 compile announces itself and reports its time, so a first call never looks hung; cache hits are

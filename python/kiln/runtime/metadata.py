@@ -1,4 +1,4 @@
-"""Compatibility metadata stored beside each artifact (R5.5), and its validation.
+"""Compatibility metadata stored beside each artifact, and its validation.
 
 `metadata.json` is written last, atomically: it is the commit marker of a cache slot. It records
 what the slot holds: the library's file name, size and SHA-256, the headers the compiler read, and

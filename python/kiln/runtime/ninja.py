@@ -1,4 +1,4 @@
-"""The build manifest of one module (R2.10) and running ninja on it.
+"""The build manifest of one module and running ninja on it.
 
 The manifest is generated from the exact unit list and flags of the build plan, so what ninja runs
 is what the cache key describes. Depfiles are kept (no `deps = gcc`) so the runtime can read the

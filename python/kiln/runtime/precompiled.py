@@ -1,8 +1,8 @@
-"""Precompiled modules (R1.7, R5.14-15, R7.1-6): the step of the build-and-load template between
+"""Precompiled modules: the step of the build-and-load template between
 the in-process cache and the disk cache. It needs no compiler.
 
 Where a module is looked for, in order (the first that has it serves it):
-  1. KILN_ARTIFACT_DIR            a local directory in the artifact-repository layout (R7.6)
+  1. KILN_ARTIFACT_DIR            a local directory in the artifact-repository layout
   2. installed precompiled packages, the wheels `python -m release build` makes (they declare a
                                   `kiln.precompiled` entry point naming their package directory)
   3. the download cache           $KILN_WORKSPACE_BASE/downloads
@@ -19,10 +19,10 @@ A manifest entry serves a plan when (docs/release.md):
   - for an installed package: its manifest is the pinned one when this kiln pins its release
     (release/pins.json, KILN_ARTIFACT_PINS); a package of a release this kiln does not pin (a
     local build) is checked against its own manifest only (docs/release.md says what that means).
-A package built for another kiln version is an error (R5.14), unless KILN_SKIP_VERSION_CHECK=1,
+A package built for another kiln version is an error, unless KILN_SKIP_VERSION_CHECK=1,
 which matches it by module, parameters, toolchain, build settings and archs, and warns on every
-load (R5.15). A module that must be downloaded and cannot be (offline, no network, tampered) is
-an error naming it and every place looked (R7.1), never a silent fallback to the JIT.
+load. A module that must be downloaded and cannot be (offline, no network, tampered) is
+an error naming it and every place looked, never a silent fallback to the JIT.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ _COMPAT_PARTS = ("module", "uri", "params", "toolchain", "python_abi", "env")
 
 
 class PrecompiledVersionError(RuntimeError):
-    """An installed precompiled package was built for another kiln version (R5.14)."""
+    """An installed precompiled package was built for another kiln version."""
 
 
 class PrecompiledError(RuntimeError):
@@ -167,7 +167,7 @@ def _verified_path(root: Path, entry: ModuleEntry, where: str, trust_root: Path,
                                    f"tampered). Reinstall or re-download it.")
     else:
         logger().warning("kiln: WARNING: KILN_VERIFY_CHECKSUMS=0: loading %s from %s without "
-                         "checking its SHA-256 (a debugging aid only, R7.4)", entry.module, path)
+                         "checking its SHA-256 (a debugging aid only)", entry.module, path)
     return path
 
 
@@ -239,7 +239,7 @@ def _from_package(pkg: Package, plan, searched: list[str]) -> Found | None:
             raise PrecompiledVersionError(
                 f"kiln: {pkg.where} was built for kiln {m.kiln_version}, but this is kiln "
                 f"{version}; a precompiled package is used only with the kiln version it was "
-                f"built for (R5.14). Install the matching one (pip install "
+                f"built for. Install the matching one (pip install "
                 f"'{pkg.dist}=={version}'), or uninstall it (pip uninstall {pkg.dist}) to "
                 f"compile with the JIT. KILN_SKIP_VERSION_CHECK=1 loads it anyway, for a "
                 f"deliberate mixed-version experiment only.")
@@ -341,7 +341,7 @@ def lookup(plan) -> tuple[ModuleType | None, str]:
         logger().warning(
             "kiln: WARNING: KILN_SKIP_VERSION_CHECK=1: loading %s built for kiln %s into kiln %s "
             "from %s. Its kernels and this version's API may disagree; use this only for a "
-            "deliberate, diagnosed mixed-version experiment (R5.15).", entry.module,
+            "deliberate, diagnosed mixed-version experiment.", entry.module,
             entry.kiln_version, sources.kiln_version(), found.where)
     module = import_library(plan.name, found.path)
     logger().debug("kiln: loaded %s from %s", plan.describe(), found.path)

@@ -1,4 +1,4 @@
-"""How many compile jobs to run at once without running out of memory (R1.9).
+"""How many compile jobs to run at once without running out of memory.
 
     jobs = min(cores, available memory / (compiler threads per job x memory per thread))
 

@@ -85,7 +85,7 @@ def portable_path(name: str) -> Path | None:
 
 @functools.lru_cache(maxsize=1)
 def kiln_version() -> str:
-    """The one version (R7.15): version.txt, shipped with the sources."""
+    """The one version: version.txt, shipped with the sources."""
     return (source_root() / "version.txt").read_text().strip()
 
 

@@ -1,4 +1,4 @@
-"""The one compile-spec interface every toolchain is driven through (R2.1-2).
+"""The one compile-spec interface every toolchain is driven through.
 
 A CompileSpec says everything the JIT needs to build one module: its unique name, the compile units
 and the files they are produced from, flags, linker flags, and the arch families it supports. It

@@ -3,7 +3,7 @@
 `host`: the C++ compiler (CXX, else c++ / g++ on PATH) builds the CPU backend and every binding.
 `cuda`: nvcc (KILN_NVCC, else $CUDA_HOME/bin/nvcc, else nvcc on PATH) builds device code, with the
 host compiler as its -ccbin. A toolchain's identity (resolved path and version text) is part of
-every cache key: a compiler upgrade rebuilds everything (R5.2).
+every cache key: a compiler upgrade rebuilds everything.
 """
 
 from __future__ import annotations

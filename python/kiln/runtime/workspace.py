@@ -1,4 +1,4 @@
-"""The writable workspaces (R2.6-11): generated sources and JIT artifacts, in separate trees.
+"""The writable workspaces: generated sources and JIT artifacts, in separate trees.
 
     $KILN_WORKSPACE_BASE/            default ~/.cache/kiln, created owner-only (0700)
       generated/<uri>/<gen key>/     rendered configs and copied compile units of one specialisation
