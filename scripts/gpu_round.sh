@@ -17,6 +17,16 @@
 # none) stops each benchmark run there; its JSON lines keep every result that finished.
 # SKIP_RENDER=1 leaves results.md / results.png to be made from the JSON lines elsewhere.
 #
+# COMPILE_TABLE=1: cold compile of one specialisation of every attention module with -j (the cores),
+# for this tree and for .baseline/ (an older tree carried in .baseline, if present), into
+# $OUT/compile_table.jsonl. PACKAGE=1: the CUDA precompiled package of //ops/... for this GPU's
+# arch, built from the prebuilt cache with kiln's own wheel, installed apart from the editable
+# checkout (pip --target), and the GPU tests of norm and attention run from it outside the
+# repository with KILN_DISABLE_JIT=1 (nothing may compile: the check fails otherwise); then
+# PACKAGE_ONLY=1 leaves those tests out of the editable `pytest -m gpu` step. OVERHEAD=1: decode
+# B64 L4096 and single prefill 8192 timed for this tree and .baseline/, alternately
+# (benchmarks/bounds_overhead.py), into $OUT/overhead.jsonl.
+#
 # Peers carried as wheels in .peers/ are installed for the benchmarks: FlashInfer (a backend) and
 # cupti-python (CUPTI kernel timing; without it the harness times with CUDA events).
 # Harness results: $OUT/results.jsonl (eager) and $OUT/results_graph.jsonl (CUDA graphs), their
@@ -48,6 +58,16 @@ if [ -z "${SKIP_PREBUILD:-}" ]; then
   step "prebuild //ops/... ${PREBUILD_SET:-} (parallel; the tests and benchmarks then load from the cache)"
   python3 -m codegen build //ops/... "${sets[@]}" >>"$OUT/setup.log" 2>&1 || { status=1; tail -n 40 "$OUT/setup.log"; }
   tail -n 2 "$OUT/setup.log"
+fi
+
+if [ -n "${COMPILE_TABLE:-}" ]; then
+  step "compile table (one specialisation per attention module, -j $(nproc))"
+  arch=$(python3 -c "import torch; m, n = torch.cuda.get_device_capability(); print(f'{m}.{n}' + ('a' if (m, n) == (9, 0) else ''))")
+  for tree in . .baseline; do
+    [ -d "$tree/ops" ] || continue
+    python3 benchmarks/compile_modules.py --root "$tree" --label //ops:attention --set dtype=bf16 \
+      --set head_dim=128 --set soft_cap=false --arch-list "$arch" --out "$OUT/compile_table.jsonl" 2>&1 | tail -n 8
+  done
 fi
 
 if [ -z "${SKIP_COMPILE_TIME:-}" ]; then
@@ -92,12 +112,45 @@ PY
   warm_pid=$!
 fi
 
-if [ -z "${SKIP_GPU_TESTS:-}" ]; then
-  step "pytest -m gpu $*"
-  workers=(); [ -n "${TEST_WORKERS:-}" ] && workers=(-n "$TEST_WORKERS")
-  KILN_TEST_WORKSPACE=$KILN_WORKSPACE_BASE timeout "${TEST_TIMEOUT:-420}" \
-    python3 -m pytest -m gpu -q -p no:cacheprovider "${workers[@]}" "$@" 2>&1 | tee "$OUT/pytest_gpu.log" | tail -n 25
+workers=(); [ -n "${TEST_WORKERS:-}" ] && workers=(-n "$TEST_WORKERS")
+if [ -n "${PACKAGE:-}" ]; then
+  step "precompiled package: build for this GPU, install apart, GPU tests of norm and attention from it"
+  # The device's own arch, as the prebuild used it (a target declaring sm90a still builds 9.0a):
+  # every module then comes from the prebuilt cache.
+  arch=$(python3 -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
+  pkg=/tmp/kiln-pkg; rm -rf "$pkg"; mkdir -p "$pkg/dist"
+  ( python3 -m release build --arch-list "$arch" //ops/... --out "$pkg/dist" &&
+    python3 -m pip wheel -q --no-deps --no-build-isolation -w "$pkg/dist" . &&
+    python3 -m pip install -q --no-deps --no-index --target "$pkg/site" "$pkg"/dist/*.whl ) >"$OUT/package.log" 2>&1 \
+    || { status=1; tail -n 30 "$OUT/package.log"; }
+  mkdir -p "$pkg/run" && cp -r tests pyproject.toml "$pkg/run/"
+  ( cd "$pkg/run" && export PYTHONPATH="$pkg/site${PYTHONPATH:+:$PYTHONPATH}" &&
+    python3 -c "import kiln, sys; assert '$pkg/site' in kiln.__file__, kiln.__file__" &&
+    KILN_TEST_WORKSPACE="$pkg/test-ws" KILN_TEST_DISABLE_JIT=1 timeout "${TEST_TIMEOUT:-420}" \
+      python3 -m pytest -m gpu -q -p no:cacheprovider "${workers[@]}" tests/ops/norm tests/ops/attention 2>&1 ) \
+    | tee "$OUT/pytest_gpu_package.log" | tail -n 15
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  if [ -e "$pkg/test-ws/artifacts" ] || [ -e "$pkg/test-ws/generated" ]; then
+    echo "package: the tests compiled something; the precompiled package did not serve every module"; status=1
+  fi
+fi
+
+if [ -z "${SKIP_GPU_TESTS:-}" ]; then
+  ignore=(); [ -n "${PACKAGE_ONLY:-}" ] && ignore=(--ignore=tests/ops/norm --ignore=tests/ops/attention)
+  step "pytest -m gpu ${ignore[*]} $*"
+  KILN_TEST_WORKSPACE=$KILN_WORKSPACE_BASE timeout "${TEST_TIMEOUT:-420}" \
+    python3 -m pytest -m gpu -q -p no:cacheprovider "${workers[@]}" "${ignore[@]}" "$@" 2>&1 | tee "$OUT/pytest_gpu.log" | tail -n 25
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if [ -n "${OVERHEAD:-}" ] && [ -d .baseline/ops ]; then
+  step "index-check overhead: this tree and .baseline, alternately"
+  for round in 1 2; do
+    for tree in . .baseline; do
+      KILN_WORKSPACE_BASE=/tmp/kiln-ws-overhead-$(basename "$(realpath "$tree")") \
+        timeout 240 python3 benchmarks/bounds_overhead.py --root "$tree" --out "$OUT/overhead.jsonl" 2>&1 | tail -n 2
+    done
+  done
 fi
 
 if [ -n "$warm_pid" ]; then

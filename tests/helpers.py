@@ -161,25 +161,35 @@ def make_poke_source(root: Path) -> Path:
     return root
 
 
-def asan_runtime() -> str | None:
-    """The host compiler's shared AddressSanitizer runtime, or None without one."""
+def _compiler_file(name: str) -> str | None:
     try:
-        out = subprocess.run(["c++", "-print-file-name=libasan.so"], capture_output=True,
+        out = subprocess.run(["c++", f"-print-file-name={name}"], capture_output=True,
                              text=True, timeout=60).stdout.strip()
     except OSError:
         return None
     return out if os.path.isabs(out) and os.path.exists(out) else None
 
 
+def asan_runtime() -> str | None:
+    """The host compiler's shared AddressSanitizer runtime, or None without one."""
+    return _compiler_file("libasan.so")
+
+
+def asan_env() -> dict[str, str]:
+    """The environment a Python child needs to load KILN_JIT_ASAN=1 modules: the ASan runtime
+    preloaded, and libstdc++ right after it (python itself does not link it, and ASan's
+    __cxa_throw interceptor must find the real one at start-up, or the first C++ exception a
+    binding throws aborts the process)."""
+    preload = [asan_runtime(), _compiler_file("libstdc++.so"), os.environ.get("LD_PRELOAD")]
+    return {"LD_PRELOAD": " ".join(filter(None, preload)), "ASAN_OPTIONS": "detect_leaks=0"}
+
+
 def run_asan_python(code: str, env: dict | None = None, timeout: float = 600,
                     check: bool = False) -> subprocess.CompletedProcess:
     """Run `code` in a fresh interpreter with the ASan runtime preloaded (what loading a
-    KILN_JIT_ASAN=1 module needs): LD_PRELOAD=$(c++ -print-file-name=libasan.so),
-    ASAN_OPTIONS=detect_leaks=0 (CPython's own allocations would all be reported at exit). An
+    KILN_JIT_ASAN=1 module needs, asan_env()), ASAN_OPTIONS=detect_leaks=0 (CPython's own
+    allocations would all be reported at exit). An
     ASan report makes the child exit non-zero with "AddressSanitizer" in its stderr."""
-    runtime = asan_runtime()
-    if runtime is None:
+    if asan_runtime() is None:
         pytest.skip("the host compiler has no AddressSanitizer runtime (libasan.so)")
-    preload = os.pathsep.join(filter(None, [runtime, os.environ.get("LD_PRELOAD")]))
-    return run_python(code, env={"LD_PRELOAD": preload, "ASAN_OPTIONS": "detect_leaks=0",
-                                 **(env or {})}, timeout=timeout, check=check)
+    return run_python(code, env={**asan_env(), **(env or {})}, timeout=timeout, check=check)

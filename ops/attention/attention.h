@@ -25,9 +25,9 @@
 
 namespace kiln::attention {
 
-// Kernels read page ids only through page_at(): an entry of page_indices outside [0, num_indices)
-// or a page id outside [0, num_pages) is recorded (ops/common/device_error.h) and the token's work
-// skipped, never read through.
+// Kernels read page ids only through load_page(): an entry of page_indices outside
+// [0, num_indices) is never read, and a page id outside [0, num_pages) is never used; such a
+// token's work is skipped and the first error recorded (ops/common/device_error.h).
 struct PagedKV {
   const void* k;
   const void* v;
@@ -40,19 +40,29 @@ struct PagedKV {
   int64_t num_indices;  // entries of page_indices
 };
 
-// The page holding the request's `page`-th page (its token page * page_size ..), or -1 after
-// recording why not (the page table points past page_indices, or at no page of the cache).
-KILN_HOST_DEVICE int64_t page_at(const PagedKV& kv, int64_t request, int64_t first, int64_t page, int64_t* errors) {
+// The page id of a request's `page`-th page (first = page_indptr[request]), or -1 when the entry
+// lies outside page_indices or names no page of the cache. No side effect, so the loads of a
+// tile's pages issue together; record_page_error says why afterwards, off the hot path.
+KILN_HOST_DEVICE int64_t load_page(const PagedKV& kv, int64_t first, int64_t page) {
+  const int64_t at = first + page;
+  const int64_t id = at >= 0 && at < kv.num_indices ? kv.page_indices[at] : -1;
+  return id < kv.num_pages ? id : -1;
+}
+
+KILN_HOST_DEVICE void record_page_error(const PagedKV& kv, int64_t request, int64_t first, int64_t page,
+                                        int64_t* errors) {
   const int64_t at = first + page;
   if (at < 0 || at >= kv.num_indices) {
     record_error(errors, ErrorCode::kPageSlot, request, at, kv.num_indices);
-    return -1;
+  } else {
+    record_error(errors, ErrorCode::kPageId, at, kv.page_indices[at], kv.num_pages);
   }
-  const int64_t id = kv.page_indices[at];
-  if (id < 0 || id >= kv.num_pages) {
-    record_error(errors, ErrorCode::kPageId, at, id, kv.num_pages);
-    return -1;
-  }
+}
+
+// load_page, recording the error of a page that is not there.
+KILN_HOST_DEVICE int64_t page_at(const PagedKV& kv, int64_t request, int64_t first, int64_t page, int64_t* errors) {
+  const int64_t id = load_page(kv, first, page);
+  if (id < 0) record_page_error(kv, request, first, page, errors);
   return id;
 }
 
@@ -217,12 +227,22 @@ struct PositionsParams {
   int32_t* positions;      // [nnz], written
 };
 
-KILN_HOST_DEVICE void token_position(const PositionsParams& p, int64_t i, int64_t* errors) {
-  if (i == 0) {  // one token also checks the whole indptr: its order is what the search assumes
-    for (int64_t b = 0; b < p.batch; ++b) {
-      if (p.append_indptr[b + 1] < p.append_indptr[b]) record_error(errors, ErrorCode::kAppendIndptr, i, 0, p.nnz);
-    }
+// The whole of append_indptr: from 0, never decreasing, to nnz (what the per-token search assumes).
+// Run once per call, also when there is no token.
+KILN_HOST_DEVICE void check_append_indptr(const PositionsParams& p, int64_t* errors) {
+  bool ok = p.append_indptr[0] == 0 && p.append_indptr[p.batch] == p.nnz;
+  for (int64_t b = 0; ok && b < p.batch; ++b) ok = p.append_indptr[b + 1] >= p.append_indptr[b];
+  if (!ok) {
+    record_error(errors, ErrorCode::kAppendIndptr, 0, 0, p.nnz);
+    return;
   }
+  for (int64_t b = 0; b < p.batch; ++b) {  // every request, also one that appends nothing
+    const int64_t count = p.append_indptr[b + 1] - p.append_indptr[b];
+    if (p.seq_lens[b] < count) record_error(errors, ErrorCode::kNegativePosition, b, p.seq_lens[b], count);
+  }
+}
+
+KILN_HOST_DEVICE void token_position(const PositionsParams& p, int64_t i, int64_t* errors) {
   int64_t lo = 0, hi = p.batch;  // the last b with append_indptr[b] <= i (any order: checked below)
   while (hi - lo > 1) {
     const int64_t mid = (lo + hi) / 2;

@@ -242,6 +242,7 @@ Status append_paged_kv(const AppendParams& p) {
 
 inline Status batch_indices_positions(const PositionsParams& p) {
   IndexCheck check;
+  check_append_indptr(p, check.errors());
   for (int64_t i = 0; i < p.nnz; ++i) token_position(p, i, check.errors());
   return check.status();
 }

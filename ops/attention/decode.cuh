@@ -108,16 +108,16 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const int tile_tok0 = tok_begin + (warp + tile * kDecodeWarps) * kDecodeTile;
     const int my_tok = tile_tok0 + (lane % kDecodeTile);
     const uint32_t utok = my_tok < tok_end ? static_cast<uint32_t>(my_tok) : 0u;
-    // -1: past the request, or a page id out of range (recorded; its rows are not read)
-    int64_t my_page = my_tok < tok_end ? page_at(kv, request, first_page, utok / page_size, errors) : -1;
-    bad |= my_tok < tok_end && my_page < 0;
+    // -1: past the request, or no page (recorded after the copies are issued; its rows are not read)
+    const int my_page = my_tok < tok_end ? static_cast<int>(load_page(kv, first_page, utok / page_size)) : -1;
+    const bool missing = my_tok < tok_end && my_page < 0;
     const int my_slot = static_cast<int>(utok % page_size);
     uint4* kdst = wbuf + (stage * 2 + 0) * kDecodeTile * CHUNKS;
     uint4* vdst = wbuf + (stage * 2 + 1) * kDecodeTile * CHUNKS;
 #pragma unroll
     for (int c = 0; c < kDecodeTile / kRowsPerCopy; ++c) {
       const int row = c * kRowsPerCopy + lane / CHUNKS;
-      const int64_t row_page = __shfl_sync(0xffffffffu, my_page, row);
+      const int row_page = __shfl_sync(0xffffffffu, my_page, row);
       const int64_t slot = __shfl_sync(0xffffffffu, my_slot, row);
       const bool valid = row_page >= 0;
       const int64_t page = valid ? row_page : 0;
@@ -126,6 +126,10 @@ __global__ void __launch_bounds__(kDecodeThreads)
       cp_async_16(vdst + phys, v_head + page * kv.v_page_stride + slot * kv.v_slot_stride + copy_chunk * VEC, valid);
     }
     cp_async_commit();
+    if (missing) {  // cold: say why, and poison the CTA's outputs
+      record_page_error(kv, request, first_page, utok / page_size, errors);
+      bad = true;
+    }
   };
 
 #pragma unroll

@@ -181,13 +181,21 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
   }
   auto load_pages = [&](int tile, int32_t (&pg)[UNITS]) {
     if (contiguous) return;
+    // The loads first, all independent; then the check (-1: not loaded, and recorded unless past
+    // the request's keys).
 #pragma unroll
     for (int u = 0; u < UNITS; ++u) {
       const int tok = kv_start + tile * TILE + my_row + u * S::ROWS_PER_STEP;
-      const int64_t page =
-          tok < kv_end ? page_at(kv, request, first_page, page_div.div(static_cast<uint32_t>(tok)), errors) : -1;
-      bad |= tok < kv_end && page < 0;
-      pg[u] = static_cast<int32_t>(page);  // -1: not loaded
+      pg[u] =
+          tok < kv_end ? static_cast<int32_t>(load_page(kv, first_page, page_div.div(static_cast<uint32_t>(tok)))) : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < UNITS; ++u) {
+      const int tok = kv_start + tile * TILE + my_row + u * S::ROWS_PER_STEP;
+      if (tok < kv_end && pg[u] < 0) {
+        record_page_error(kv, request, first_page, page_div.div(static_cast<uint32_t>(tok)), errors);
+        bad = true;
+      }
     }
   };
   auto issue_kv = [&](int stage, int tile, const int32_t (&pg)[UNITS]) {

@@ -160,8 +160,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c)
       sm90::tma_load_3d(sq + c * S::Q_CHUNK_BYTES, &tq, q_full, c * 64, head, q_begin + q0);
-    const int64_t first_page = p.kv.page_indptr[request];
-    const int num_pages = p.kv.page_indptr[request + 1] - p.kv.page_indptr[request];
+    const int first_page = p.kv.page_indptr[request];
+    const int num_pages = p.kv.page_indptr[request + 1] - first_page;
     const int page_size = static_cast<int>(p.kv.page_size);
     // Contiguous rows along the page axis (one-token pages): all from the request's first id.
     int64_t first_id = 0;
@@ -185,22 +185,24 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       // independent (one latency, not one per box) and shared by K and V.
       int box_page[MAX_BOXES], box_slot[MAX_BOXES];
       uint32_t bytes = 0;
+      uint32_t missing = 0;  // boxes whose page is not there (bit b: box b)
 #pragma unroll
-      for (int b = 0; b < MAX_BOXES; ++b) {
+      for (int b = 0; b < MAX_BOXES; ++b) {  // the page-table loads, all independent
         const int tok = tok0 + b * B, pi = tok / page_size;
         const bool load = b < nbox && (boxes.page_axis || pi < num_pages);
-        int64_t id = -1;
-        if (load) {
-          id =
-              boxes.page_axis ? (first_id >= 0 ? first_id + tok0 : -1) : page_at(p.kv, request, first_page, pi, errors);
-          if (id < 0) {
-            *bad_kv = 1;
-            id = oob;
-          }
-        }
-        box_page[b] = static_cast<int>(id);
+        const int id = !load             ? -1
+                       : boxes.page_axis ? (first_id >= 0 ? static_cast<int>(first_id) + tok0 : -1)
+                                         : static_cast<int>(load_page(p.kv, first_page, pi));
+        box_page[b] = !load ? -1 : id >= 0 ? id : oob;
         box_slot[b] = boxes.page_axis ? 0 : tok % page_size;
         bytes += load ? uint32_t(CHUNKS * (boxes.page_axis ? N : B) * 128) : 0u;
+        missing |= uint32_t(load && id < 0) << b;
+      }
+      if (missing != 0) {  // cold: say why (off the loads' path), and poison the CTA's outputs
+        *bad_kv = 1;
+        for (int b = 0; b < MAX_BOXES && !boxes.page_axis; ++b) {
+          if (missing >> b & 1u) record_page_error(p.kv, request, first_page, (tok0 + b * B) / page_size, errors);
+        }
       }
       auto issue = [&](const CUtensorMap* map, uint8_t* dst, uint64_t* bar) {
 #pragma unroll

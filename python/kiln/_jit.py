@@ -23,7 +23,7 @@ from kiln.codegen.specs import module_spec
 from kiln.runtime import jit
 from kiln.runtime.arch import Arch, ArchContext, ArchError, format_arch_list
 
-from . import _dtypes, utils
+from . import _dtypes, errors, utils
 
 _cache: dict[tuple, object] = {}
 _by_value: dict[tuple, object] = {}
@@ -127,6 +127,7 @@ def _load(label: str, params: tuple[tuple[str, str], ...], device: torch.device)
                 module = jit.load(spec, arch_context(label, device))
             else:
                 module = jit.load(spec)
+            errors.learn_texts(module)  # the index-error messages it exports (kiln/errors.py)
             _cache[key] = module
     return module
 

@@ -13,15 +13,33 @@ None, so the fake implementation (what torch.compile runs on fake tensors) has n
 The op is logged under its own name ("kiln::rmsnorm"): a compiled graph calls it at run time.
 The function's annotations are its schema (torch.Tensor, int, float, bool, str, and
 `torch.Tensor | None`).
+
+kiln ops are inference ops: they record no autograd graph. A call with an input that requires
+grad while grad mode is on gets a warning, once per op (the result has no grad_fn); run under
+torch.inference_mode() or torch.no_grad() to silence it.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
 
 from .api_logging import logged_api
+
+_warned: set[str] = set()
+
+
+def inference_only(name: str, *args) -> None:
+    """Warn once per op when an input requires grad and grad mode is on (kiln has no backward)."""
+    if name in _warned or not torch.is_grad_enabled():
+        return
+    if any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        _warned.add(name)
+        warnings.warn(f"{name}: kiln ops are inference-only and record no autograd graph; an input "
+                      "requires grad, and the result will have no grad_fn. Run under "
+                      "torch.inference_mode() or torch.no_grad().", UserWarning, stacklevel=3)
 
 
 class KilnOp:
@@ -37,6 +55,7 @@ class KilnOp:
     def __call__(self, *args, **kwargs) -> None:
         if torch.compiler.is_compiling():
             return self.op(*args, **kwargs)
+        inference_only(self.name, *args)
         return self.eager(*args, **kwargs)
 
 

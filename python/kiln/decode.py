@@ -37,7 +37,7 @@ from kiln.runtime import env
 
 from . import _attention, _jit
 from ._decode_schedule import schedule
-from ._ops import custom_op
+from ._ops import custom_op, inference_only
 from .api_logging import logged_api
 from .trace import attention as attention_traces
 from .trace import traced
@@ -304,6 +304,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             _decode_op.op(q, k_cache, v_cache, self._kv_layout, *p.tensors, out, lse, p.fixed["sm_scale"],
                           p.fixed["soft_cap"])
             return (out, lse) if return_lse else out
+        inference_only(API + ".run", q, k_cache, v_cache)
         if _jit.module_observer is not None:  # API logging: the module the plan chose
             _jit.module_observer(_attention.DECODE, None, q.device, p.module)
         to_dl = _jit.dl

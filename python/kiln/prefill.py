@@ -31,7 +31,7 @@ import torch
 from kiln.runtime import env
 
 from . import _attention, _jit
-from ._ops import custom_op
+from ._ops import custom_op, inference_only
 from .api_logging import logged_api
 from .trace import attention as attention_traces
 from .trace import traced
@@ -154,6 +154,7 @@ class _PrefillPlan:
                            self.soft_cap or 0.0, self.causal, self.window_left, self.kernel,
                            self.kv_contiguous)
             return (out, lse) if return_lse else out
+        inference_only(self.api + ".run", q, k_cache, v_cache)
         if _jit.module_observer is not None:  # API logging: the module the plan chose
             _jit.module_observer(_attention.PREFILL, None, q.device, self.module)
         dl = _jit.dl

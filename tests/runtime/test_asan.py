@@ -39,7 +39,7 @@ def test_loading_an_asan_module_without_its_runtime_is_a_clear_error(kiln_env, t
     spec = toy_spec(make_poke_source(tmp_path / "src"), name="toy_poke", units=("poke.cc",),
                     flags=ASAN, ldflags=ASAN)
     with pytest.raises(jit.SanitizerRuntimeError, match=r"built with AddressSanitizer.*"
-                       r"LD_PRELOAD=\$\(c\+\+ -print-file-name=libasan.so\)"):
+                       r"LD_PRELOAD=\"\$\(c\+\+ -print-file-name=libasan.so\)"):
         jit.load(spec)  # this process has no ASan runtime: loading would abort it
     p = build.plan(spec)
     assert "-fsanitize=address" in metadata.read(p.key_dir).key_parts["flags"]["link"]

@@ -4,6 +4,11 @@ backend at the definitions' small workloads (CI), and at their real workloads on
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -38,7 +43,21 @@ def test_definition_small_workloads_on_cpu(d):
     _check_definition(d, "small", "cpu")
 
 
+@contextlib.contextmanager
+def _one_at_a_time():
+    """The real workloads take up to ~60 GB each (inputs, the reference's float32 logits): with
+    several pytest-xdist workers on one GPU they run one at a time, and give their memory back."""
+    with open(Path(tempfile.gettempdir()) / "kiln-gpu-definitions.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            torch.cuda.empty_cache()
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", DEFS, ids=lambda d: d.name)
 def test_definition_workloads_on_gpu(d):
-    _check_definition(d, "examples", "cuda")
+    with _one_at_a_time():
+        _check_definition(d, "examples", "cuda")

@@ -56,8 +56,8 @@ def _check_sanitizer(p: BuildPlan) -> None:
         raise SanitizerRuntimeError(
             f"kiln: {p.describe()} is built with AddressSanitizer (KILN_JIT_ASAN=1), and loading "
             "it needs the ASan runtime loaded before anything else: run Python as "
-            "LD_PRELOAD=$(c++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 python ... "
-            "(docs/troubleshooting.md), or unset KILN_JIT_ASAN.")
+            "LD_PRELOAD=\"$(c++ -print-file-name=libasan.so) $(c++ -print-file-name=libstdc++.so)\" "
+            "ASAN_OPTIONS=detect_leaks=0 python ... (docs/troubleshooting.md), or unset KILN_JIT_ASAN.")
 
 
 @dataclass

@@ -138,7 +138,7 @@ def test_the_compiled_decode_layer_replays_in_a_cuda_graph():
     sr.copy_(r)
     graph.replay()
     torch.cuda.synchronize()
-    cache = rest[4]
-    expect = decode_layer(wrapper, x.clone(), r.clone(), *rest[:4], tuple(c.clone() for c in cache),
-                          *rest[5:])
+    w_norm, w_qkv, w_o, cache, *tail = rest
+    expect = decode_layer(wrapper, x.clone(), r.clone(), w_norm, w_qkv, w_o, tuple(c.clone() for c in cache),
+                          *tail)
     torch.testing.assert_close(out, expect, rtol=0, atol=0)
