@@ -10,7 +10,7 @@
     python -m benchmarks readme-table results.jsonl [...]
 
 routine.py      the routine and backend interface (what an op adds to be benchmarked)
-routines/       the routines, registered in routines/__init__.py
+routines/       the routines: one module per op family, each with a ROUTINES tuple
 definitions.py  the committed benchmark definitions (from the trace templates) and their files
 selection.py    --shapes: which workloads of which definitions a run covers
 harness.py      one run: inputs, reference check, timing, one record per (workload, backend)
@@ -20,5 +20,8 @@ environment.py  device, software and git facts recorded with every result
 results.py      the record format, JSON lines in and out (and the interim bench_norm format)
 table.py, plot.py, readme.py   renderings of results
 compile_time.py cold compile / warm load of a module (a script, run by scripts/gpu_round.sh)
+compile_modules.py  cold compile of each module of a label, for one source tree or another
+cache_verification.py  what verifying a cached module costs on the warm path
+bounds_overhead.py  decode and prefill timed for one source tree (the index checks' cost)
 docs/benchmarks.md explains the fields and how to add a routine.
 """

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from kiln.codegen.batch import build_all
-from kiln.codegen.cli import run_command
+from kiln.codegen.cli import jobs_arg, run_command
 from kiln.codegen.dispatch import released
 from kiln.codegen.graph import load_graph
 from kiln.codegen.specs import compile_spec
@@ -29,11 +29,6 @@ PINS = Path(__file__).resolve().parent / "pins.json"
 class CliError(Exception):
     pass
 
-
-def release_id(m: Manifest) -> ReleaseId:
-    """Where the artifact set of `m` lies in the repository layout."""
-    return ReleaseId(m.kiln_version, tag_for(m.toolchain, parse_arch_list(m.arch_list)),
-                     m.python_abi)
 
 
 def _specs(label: str, toolchain: str, ctx: ArchContext) -> list:
@@ -123,7 +118,7 @@ def cmd_pin(args) -> int:
     pins = json.loads(PINS.read_text()) if PINS.is_file() else {}
     for path in found:
         data = path.read_bytes()
-        rid = release_id(Manifest.from_bytes(data, str(path)))
+        rid = ReleaseId.of(Manifest.from_bytes(data, str(path)))
         if path.parent != rid.dir_in(root):
             raise CliError(f"{path} describes {rid.path}; it is in the wrong directory")
         pins[rid.path] = digest(data)
@@ -142,7 +137,8 @@ def parser() -> argparse.ArgumentParser:
                                        "RELEASE_ARCH_LIST)")
     p.add_argument("--toolchain", choices=("cuda", "host"), default="cuda")
     p.add_argument("--out", default="dist", help="where the wheel and artifacts/ go (dist)")
-    p.add_argument("-j", "--jobs", type=int, default=0, help="parallel compile jobs")
+    p.add_argument("-j", "--jobs", type=jobs_arg, default=0,
+                   help="parallel compile jobs (0: the estimate from cores and free memory)")
     p.add_argument("--force", action="store_true", help="rebuild even when cached")
     p.set_defaults(func=cmd_build)
     p = sub.add_parser("verify", help="check a wheel or an artifact directory")

@@ -1,5 +1,5 @@
 """The layers hold at import time, not only file by file: the JIT runtime (kiln.runtime) imports
-only the standard library, filelock and ninja; the build graph (kiln.codegen) adds jinja2 and
+only the standard library and ninja; the build graph (kiln.codegen) adds jinja2 and
 pybind11's include path; neither loads torch nor the public API, and `import kiln` loads nothing
 until a public name is used. The device-code layer (ops/) includes no framework header."""
 
@@ -46,7 +46,7 @@ def test_runtime_and_codegen_import_no_framework_and_no_public_api():
     third_party = {m.split(".")[0] for m in modules} - set(sys.stdlib_module_names) - {
         "kiln", "__main__", "_distutils_hack"}
     # jinja2/markupsafe: codegen renders; pybind11: its include path for the bindings.
-    assert third_party <= {"filelock", "ninja", "jinja2", "markupsafe", "pybind11"}, third_party
+    assert third_party <= {"ninja", "jinja2", "markupsafe", "pybind11"}, third_party
 
 
 def test_importing_kiln_loads_only_the_package_file():

@@ -1,5 +1,5 @@
 """kiln's JIT runtime: compile specs, workspaces, arch context, cache keys and metadata, locks,
 compile, load, in-process cache, the precompiled lookup and verified artifact downloads. Imports
-only the standard library, filelock and ninja. Importing this package does nothing beyond
+only the standard library and ninja. Importing this package does nothing beyond
 definitions.
 """
