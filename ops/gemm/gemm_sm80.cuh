@@ -21,6 +21,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -235,134 +236,199 @@ struct SmallMArgs {
   void* out;
   int64_t ldo, o_bs;
   DType out_dtype;
+  int64_t batch;
 };
 
-// Shared-memory stages of the small-M kernel: as many 32-wide k slices per thread as fit in
-// 96 KB (two CTAs per SM), 2..8.
+// Shape of the small-M kernel <MT, R, WK>: 16-byte chunks each thread copies per k slice
+// (CPT per row: 2 while the x rows are few, so a warp reads 128 contiguous bytes of every weight
+// row per slice, 1 at MT >= 4 to keep the ring deep), the slice's k extent, and the ring depth:
+// as many slices as fit in 96 KB (two CTAs per SM), 2..8.
 template <int MT, int R, int WK>
-constexpr int small_m_stages() {
-  constexpr int slice = (2 * R + MT) * 16 * WK * 32;
-  constexpr int s = 98304 / slice;
-  return s < 2 ? 2 : s > 8 ? 8 : s;
-}
+struct SmallMShape {
+  static constexpr int NT = WK * 32;
+  static constexpr int CPT = MT >= 4 ? 1 : 2;
+  static constexpr int SLICE_K = 32 * CPT;  // k of one warp slice
+  static constexpr int CH = CPT * (2 * R + MT);
+  static constexpr int SLICE_BYTES = CH * 16 * NT;
+  static constexpr int S = 98304 / SLICE_BYTES < 2 ? 2 : 98304 / SLICE_BYTES > 8 ? 8 : 98304 / SLICE_BYTES;
+  static constexpr int VALS = R * MT * 4;  // accumulators a thread
+  static constexpr size_t RING_BYTES = size_t(S) * SLICE_BYTES;
+  static constexpr size_t RED_BYTES = size_t(WK) * VALS * 32 * sizeof(float);
+  static constexpr size_t kSmemBytes = RING_BYTES + RED_BYTES;
+};
 
-// MT: n8 tiles of x rows (m <= 8 MT); R: m16 tiles of weight rows per CTA; WK: warps (split-K).
-// Each thread streams its own 16-byte chunks (2 R of W, MT of x per slice) through a private
-// STAGES-deep cp.async ring in shared memory ([stage][chunk][thread], conflict-free) and reads
-// them back itself: no barrier until the final reduction. (Register loads straight into the mma
-// operands were scheduled by ptxas one slice at a time, with one slice in flight per thread.)
+// MT: n8 tiles of x rows (m <= 8 MT); R: m16 tiles of weight rows per block; WK: warps (split-K).
+// Persistent: CTA b takes row blocks b, b + gridDim.x, ... (batch folded in), and each thread's
+// cp.async ring runs across block boundaries, so the next block's first slices are in flight
+// while the current block's partials are reduced. Each thread streams its own chunks ([stage]
+// [chunk][thread] in shared memory, conflict-free) and reads them back itself: no barrier except
+// the per-block reduction. (Register loads straight into the mma operands were scheduled by
+// ptxas one slice at a time, one slice in flight per thread; one block per CTA left the last
+// wave of CTAs part-empty: 2.7 TB/s at 28672 x 4096, docs/perf/gemm.md.)
 template <typename T, int MT, int R, int WK>
 __global__ void __launch_bounds__(WK * 32) gemm_small_m_kernel(const SmallMArgs p) {
-  constexpr int NT = WK * 32, CH = 2 * R + MT, S = small_m_stages<MT, R, WK>();
-  extern __shared__ uint4 ring[];  // [S][CH][NT]; reused as float red[WK][R * MT * 4][32]
+  using Sh = SmallMShape<MT, R, WK>;
+  constexpr int NT = Sh::NT, CPT = Sh::CPT, CH = Sh::CH, S = Sh::S, VALS = Sh::VALS, SK = Sh::SLICE_K;
+  extern __shared__ uint4 ring[];  // [S][CH][NT], then float red[WK][VALS][32]
+  float* red = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(ring) + Sh::RING_BYTES);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t4 = lane % 4;
-  const int64_t n0 = int64_t(blockIdx.x) * 16 * R;
-  const T* X = static_cast<const T*>(p.x) + blockIdx.y * p.x_bs;
-  const T* W = static_cast<const T*>(p.w) + blockIdx.y * p.w_bs;
-
-  // Rows past n (weight) or m (x) read row 0 instead: their products land only in outputs that
-  // are never stored. Chunks past k are zero-filled (cp.async src-size 0).
-  const T* src[CH];
-#pragma unroll
-  for (int i = 0; i < R; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t r = n0 + 16 * i + g + 8 * h;
-      src[2 * i + h] = W + (r < p.n ? r : 0) * p.ldw + 8 * t4;
-    }
-#pragma unroll
-  for (int j = 0; j < MT; ++j) {
-    const int64_t r = 8 * j + g;
-    src[2 * R + j] = X + (r < p.m ? r : 0) * p.ldx + 8 * t4;
-  }
-  // Slice q of this warp covers k [warp * 32 + q * WK * 32, + 32); lane chunk + 8 t.
-  const int64_t first = int64_t(warp) * 32;
-  const int slices = p.k > first ? int((p.k - first + WK * 32 - 1) / (WK * 32)) : 0;
-  auto issue = [&](int q) {
-    const int64_t kk = first + int64_t(q) * WK * 32;
-    const bool ok = kk + 8 * t4 < p.k;
-    uint4* dst = ring + (q % S) * CH * NT + tid;
-#pragma unroll
-    for (int c = 0; c < CH; ++c) cp_async_16(dst + c * NT, ok ? src[c] + kk : src[c], ok);
-  };
-
-  float acc[R][MT][4];
-#pragma unroll
-  for (int i = 0; i < R; ++i)
-#pragma unroll
-    for (int j = 0; j < MT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-
-#pragma unroll
-  for (int q = 0; q < S - 1; ++q) {
-    if (q < slices) issue(q);
-    cp_async_commit();
-  }
-  for (int q = 0; q < slices; ++q) {
-    cp_async_wait<S - 2>();                    // slice q landed (this thread's own chunks)
-    if (q + S - 1 < slices) issue(q + S - 1);  // into the slot slice q - 1 used
-    cp_async_commit();
-    const uint4* cur = ring + (q % S) * CH * NT + tid;
-    uint4 v[CH];
-#pragma unroll
-    for (int c = 0; c < CH; ++c) v[c] = cur[c * NT];
+  const int64_t row_blocks = ceil_div<int64_t>(p.n, 16 * R);
+  const int64_t total_blocks = row_blocks * p.batch;
+  const int my_blocks = blockIdx.x < total_blocks ? int((total_blocks - 1 - blockIdx.x) / gridDim.x + 1) : 0;
+  // Slice q of this warp in a block covers k [warp * SK + q * WK * SK, + SK); thread chunk c of a
+  // row at + 8 (CPT t4 + c). Rows past n (weight) or m (x) read row 0: their products land only in
+  // outputs never stored. Chunks past k are zero-filled (cp.async src-size 0).
+  const int64_t first = int64_t(warp) * SK;
+  const int spb = p.k > first ? int((p.k - first + int64_t(WK) * SK - 1) / (int64_t(WK) * SK)) : 0;
+  const int total = my_blocks * spb;
+  auto block_of = [&](int i) { return int64_t(blockIdx.x) + int64_t(i) * gridDim.x; };
+  // The issue cursor runs S - 1 slices ahead of the consumer, across block boundaries; its row
+  // pointers change once per block (no division per slice: the index math would cost more
+  // issue slots than the copies).
+  const T* src[R * 2 + MT];
+  int isl = 0, ibi = 0, islot = 0;
+  auto point = [&](int bi) {
+    const int64_t blk = block_of(bi);
+    const int64_t bz = blk / row_blocks, n0 = (blk % row_blocks) * 16 * R;
+    const T* X = static_cast<const T*>(p.x) + bz * p.x_bs;
+    const T* W = static_cast<const T*>(p.w) + bz * p.w_bs;
 #pragma unroll
     for (int i = 0; i < R; ++i)
 #pragma unroll
-      for (int j = 0; j < MT; ++j) {
-        const uint4 lo = v[2 * i], hi = v[2 * i + 1], xv = v[2 * R + j];
-        const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
-        mma_16x8x16<T>(acc[i][j], a0, xv.x, xv.y);
-        const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
-        mma_16x8x16<T>(acc[i][j], a1, xv.z, xv.w);
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = n0 + 16 * i + g + 8 * h;
+        src[2 * i + h] = W + (r < p.n ? r : 0) * p.ldw + first + 8 * CPT * t4;
       }
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+      const int64_t r = 8 * j + g;
+      src[2 * R + j] = X + (r < p.m ? r : 0) * p.ldx + first + 8 * CPT * t4;
+    }
+  };
+  if (total > 0) point(0);
+  auto issue = [&] {
+    const int64_t off = int64_t(isl) * WK * SK;  // from the thread's first chunk
+    const int64_t kk = first + off + 8 * CPT * t4;
+    uint4* dst = ring + islot * CH * NT + tid;
+#pragma unroll
+    for (int r = 0; r < 2 * R + MT; ++r)
+#pragma unroll
+      for (int c = 0; c < CPT; ++c) {
+        const bool ok = kk + 8 * c < p.k;
+        cp_async_16(dst + (r * CPT + c) * NT, ok ? src[r] + off + 8 * c : src[r], ok);
+      }
+    if (++islot == S) islot = 0;
+    if (++isl == spb) {
+      isl = 0;
+      if (++ibi < my_blocks) point(ibi);
+    }
+  };
+
+#pragma unroll
+  for (int q = 0; q < S - 1; ++q) {
+    if (q < total) issue();
+    cp_async_commit();
+  }
+  int slot = 0;
+  for (int bi = 0; bi < my_blocks; ++bi) {
+    float acc[R][MT][4];
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+      for (int j = 0; j < MT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    for (int sl = 0; sl < spb; ++sl) {
+      const int q = bi * spb + sl;
+      cp_async_wait<S - 2>();          // slice q landed (this thread's own chunks)
+      if (q + S - 1 < total) issue();  // slice q + S - 1, into the slot slice q - 1 used
+      cp_async_commit();
+      const uint4* cur = ring + slot * CH * NT + tid;
+      if (++slot == S) slot = 0;
+#pragma unroll
+      for (int c = 0; c < CPT; ++c) {
+        uint4 wv[R][2], xv[MT];
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) wv[i][h] = cur[((2 * i + h) * CPT + c) * NT];
+#pragma unroll
+        for (int j = 0; j < MT; ++j) xv[j] = cur[((2 * R + j) * CPT + c) * NT];
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+#pragma unroll
+          for (int j = 0; j < MT; ++j) {
+            const uint32_t a0[4] = {wv[i][0].x, wv[i][1].x, wv[i][0].y, wv[i][1].y};
+            mma_16x8x16<T>(acc[i][j], a0, xv[j].x, xv[j].y);
+            const uint32_t a1[4] = {wv[i][0].z, wv[i][1].z, wv[i][0].w, wv[i][1].w};
+            mma_16x8x16<T>(acc[i][j], a1, xv[j].z, xv[j].w);
+          }
+      }
+    }
+    // ---- the block's split-K partials, added over the warps ----
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+      for (int j = 0; j < MT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) red[(warp * VALS + (i * MT + j) * 4 + e) * 32 + lane] = acc[i][j][e];
+    __syncthreads();
+    const int64_t blk = block_of(bi);
+    const int64_t bz = blk / row_blocks, n0 = (blk % row_blocks) * 16 * R;
+    void* out = static_cast<uint8_t*>(p.out) + bz * p.o_bs * dtype_bytes(p.out_dtype);
+    for (int idx = tid; idx < VALS * 32; idx += NT) {
+      const int v = idx / 32, l = idx % 32;
+      const int i = v / (MT * 4), j = (v / 4) % MT, e = v % 4;
+      const int64_t n = n0 + 16 * i + l / 4 + 8 * (e >> 1);
+      const int64_t m = 8 * j + 2 * (l % 4) + (e & 1);
+      if (n >= p.n || m >= p.m) continue;
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < WK; ++w) sum += red[(w * VALS + v) * 32 + l];
+      store_out(out, p.out_dtype, m * p.ldo + n, sum);
+    }
+    __syncthreads();  // red is rewritten by the next block
   }
   cp_async_wait<0>();
-  __syncthreads();  // every thread is done with the ring: reuse it for the reduction
+}
 
-  constexpr int VALS = R * MT * 4;
-  float* red = reinterpret_cast<float*>(ring);
-#pragma unroll
-  for (int i = 0; i < R; ++i)
-#pragma unroll
-    for (int j = 0; j < MT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) red[(warp * VALS + (i * MT + j) * 4 + e) * 32 + lane] = acc[i][j][e];
-  __syncthreads();
-  void* out = static_cast<uint8_t*>(p.out) + blockIdx.y * p.o_bs * dtype_bytes(p.out_dtype);
-  for (int idx = tid; idx < VALS * 32; idx += NT) {
-    const int v = idx / 32, l = idx % 32;
-    const int i = v / (MT * 4), j = (v / 4) % MT, e = v % 4;
-    const int64_t n = n0 + 16 * i + l / 4 + 8 * (e >> 1);
-    const int64_t m = 8 * j + 2 * (l % 4) + (e & 1);
-    if (n >= p.n || m >= p.m) continue;
-    float s = 0.0f;
-#pragma unroll
-    for (int w = 0; w < WK; ++w) s += red[(w * VALS + v) * 32 + l];
-    store_out(out, p.out_dtype, m * p.ldo + n, s);
+// CTAs of the persistent small-M grid: what the occupancy calculator fits per SM, on every SM.
+template <typename T, int MT, int R, int WK>
+int small_m_resident(int device) {
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};
+  if (device < 0 || device >= kMaxDevices) return sm_count();
+  if (cached[device] == 0) {
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemm_small_m_kernel<T, MT, R, WK>, WK * 32,
+                                                      SmallMShape<MT, R, WK>::kSmemBytes) != cudaSuccess ||
+        per_sm < 1) {
+      cudaGetLastError();
+      per_sm = 1;
+    }
+    cached[device] = per_sm * sm_count();
   }
+  return cached[device];
 }
 
 template <typename T, int MT, int R, int WK>
 Status launch_gemm_small_m(const GemmParams& p, LaunchContext ctx) {
-  constexpr int S = small_m_stages<MT, R, WK>();
-  constexpr size_t ring = size_t(S) * (2 * R + MT) * 16 * WK * 32;
-  constexpr size_t red = size_t(WK) * R * MT * 4 * 32 * sizeof(float);
-  constexpr size_t smem = ring > red ? ring : red;
+  using Sh = SmallMShape<MT, R, WK>;
   constexpr auto kernel = gemm_small_m_kernel<T, MT, R, WK>;
   int device = 0;
   cudaGetDevice(&device);
-  Status st = cuda_status(allow_smem<kernel>(smem, device), "gemm (small m): raising the shared-memory limit");
+  Status st =
+      cuda_status(allow_smem<kernel>(Sh::kSmemBytes, device), "gemm (small m): raising the shared-memory limit");
   if (!st.ok()) return st;
-  SmallMArgs a{p.m,        p.n,   p.k,
-               p.a,        p.lda, p.a_batch_stride,
-               p.b,        p.ldb, p.b_batch_stride,
-               p.out,      p.ldo, p.out_batch_stride,
-               p.out_dtype};
-  const dim3 grid(unsigned(ceil_div<int64_t>(p.n, 16 * R)), unsigned(p.batch));
-  kernel<<<grid, WK * 32, smem, static_cast<cudaStream_t>(ctx.stream)>>>(a);
+  SmallMArgs a{p.m,         p.n,    p.k,
+               p.a,         p.lda,  p.a_batch_stride,
+               p.b,         p.ldb,  p.b_batch_stride,
+               p.out,       p.ldo,  p.out_batch_stride,
+               p.out_dtype, p.batch};
+  const int64_t blocks = ceil_div<int64_t>(p.n, 16 * R) * p.batch;
+  const int64_t grid = std::min<int64_t>(blocks, small_m_resident<T, MT, R, WK>(device));
+  kernel<<<unsigned(grid), WK * 32, Sh::kSmemBytes, static_cast<cudaStream_t>(ctx.stream)>>>(a);
   return cuda_status(cudaGetLastError(), "gemm (small m) kernel launch");
 }
 

@@ -14,9 +14,11 @@
 //     alternating) and stored by TMA (dense) or by 16-byte stores clipped to the segment (grouped).
 //   CLUSTER = 2: two CTAs on vertically adjacent tiles (same B tile) each load half of B and
 //     multicast it to both; A is loaded per CTA.
-//   Groupwise fp8 (DeepSeek-V3): BK = 128 = the scale block; each stage's wgmma go to a partial
-//     accumulator (first k-step overwrites) which is added to the tile's with a_scale(row, kb) *
-//     b_scale(n-block, kb), loaded one stage ahead.
+//   Groupwise fp8 (DeepSeek-V3): BK = 128 = the scale block; each stage's wgmma go to one of two
+//     partial accumulators (first k-step overwrites); while the next stage's wgmma run into the
+//     other, the finished one is added to the tile's with a_scale(row, kb) * b_scale(n-block, kb).
+//   A warpgroup whose 64 rows are all past the last row of its tile (M or segment tail) skips
+//     its wgmma and its stores.
 //   Grouped: tiles of segment s are ceil(rows_s / 128) x n_tiles, segment after segment; each warp
 //     that needs a tile's segment finds it with a warp scan over 32 segments at a time (the tile
 //     index only grows, so the scan resumes where it stopped). A's rows past a segment's end
@@ -318,9 +320,22 @@ __global__ void __launch_bounds__(384, 1)
     for (int64_t t = cluster;; t += clusters) {
       const Tile tile = tile_at(t, warp == 0 && cw == 0);
       if (!tile.valid) break;
+      // A warpgroup whose 64 rows all lie past the tile's last row (the 64-row tail of M, or of
+      // a segment) consumes its stages without computing and stores nothing: the other
+      // warpgroup's wgmma then have the tensor cores to themselves.
+      if (tile.m0 + 64 * cw >= tile.row_end) {
+        for (int kb = 0; kb < args.k_blocks; ++kb) {
+          sm90::mbar_wait(&full[s], phase);
+          release(s);
+          if (++s == STAGES) s = 0, phase ^= 1;
+        }
+        continue;
+      }
       float acc[BN / 2];
       if constexpr (C::SCALE == ScaleMode::kGroupwise) {
-        // Rows of this thread: m0 + 64 cw + 16 warp + g (+ 8); scales of stage kb loaded a stage ahead.
+        // Two partial accumulators: stage kb + 1's wgmma run into one while stage kb's partial
+        // (the other) is scaled into acc by a_scale(row, kb) * b_scale(n-block, kb) -- rows
+        // m0 + 64 cw + 16 warp + g (+ 8), scales loaded when their stage is issued.
         const int row0 = tile.m0 + 64 * cw + 16 * warp + g;
         const int nb = tile.n0 / 128;
         auto load_scales = [&](int kb, float (&sc)[2]) {
@@ -333,22 +348,46 @@ __global__ void __launch_bounds__(384, 1)
         };
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
-        float part[BN / 2];
-        float sc[2], sc_next[2];
-        load_scales(0, sc);
-        for (int kb = 0; kb < args.k_blocks; ++kb) {
-          if (kb + 1 < args.k_blocks) load_scales(kb + 1, sc_next);
+        float part0[BN / 2], part1[BN / 2];
+        float sc0[2], sc1[2];
+        int rs = s;  // the stage to release next (issue runs one ahead)
+        auto start = [&](int kb, float (&part)[BN / 2], float (&sc)[2]) {
+          load_scales(kb, sc);
           sm90::mbar_wait(&full[s], phase);
+          sm90::fence_regs(part);  // every read of part's previous stage stays before its overwrite
           sm90::wgmma_fence();
           issue(s, part, true);
           sm90::wgmma_commit();
-          sm90::wgmma_wait<0>();
+          if (++s == STAGES) s = 0, phase ^= 1;
+        };
+        auto finish = [&](float (&part)[BN / 2], const float (&sc)[2]) {
           sm90::fence_regs(part);
-          release(s);
+          release(rs);
+          if (++rs == STAGES) rs = 0;
 #pragma unroll
           for (int i = 0; i < BN / 2; ++i) acc[i] = fmaf(part[i], sc[(i >> 1) & 1], acc[i]);
-          sc[0] = sc_next[0], sc[1] = sc_next[1];
-          if (++s == STAGES) s = 0, phase ^= 1;
+          sm90::fence_regs(part);
+          sm90::fence_regs(acc);
+        };
+        // Stages in pairs: both issued, the first scaled while the second runs, then the second
+        // (the other warpgroup's wgmma fill that gap). ptxas keeps this pipelined because every
+        // pair drains to wait_group 0; chaining the pairs (issue kb + 2 before scaling kb + 1),
+        // a conditional wait_group 0 or an empty commit group made it serialise every wgmma
+        // (C7514, C7518). An odd first stage is peeled.
+        int kb = 0;
+        if (args.k_blocks & 1) {
+          start(0, part0, sc0);
+          sm90::wgmma_wait<0>();
+          finish(part0, sc0);
+          kb = 1;
+        }
+        for (; kb < args.k_blocks; kb += 2) {
+          start(kb, part0, sc0);
+          start(kb + 1, part1, sc1);
+          sm90::wgmma_wait<1>();
+          finish(part0, sc0);
+          sm90::wgmma_wait<0>();
+          finish(part1, sc1);
         }
       } else {
         int prev = -1;

@@ -259,7 +259,7 @@ struct SmallMRow {
 constexpr SmallMRow kSmallMTable[] = {
     {8, 8, 16, 8},
     {16, 16, 16, 8},
-    {32, 32, 32, 4},
+    {32, 32, 16, 8},
     {64, 64, 32, 4},
 };
 
@@ -267,22 +267,18 @@ constexpr SmallMRow kSmallMTable[] = {
 // (more shared-memory traffic per wgmma, two epilogues per 256 columns).
 constexpr double kTileCost128 = 1.07;
 
+// Cluster 1: the 2-CTA B multicast never paid on the H200 (docs/perf/gemm.md, call 1: equal or
+// up to 10 % slower at every issue shape), so the default never takes it; the tuner may.
 Tactic sm90_choice(const GemmParams& p, int num_sms, int32_t tile_k, bool groupwise) {
   const int64_t mt = ceil_div<int64_t>(p.m, 128);
   Tactic best{};
   double best_cost = 1e300;
   for (const Sm90Shape& s : kSm90Shapes) {
     if (groupwise && s.tile_n != 128) continue;
-    for (int32_t cluster : {2, 1}) {
-      const int64_t rows = ceil_div<int64_t>(mt, cluster) * cluster;
-      const int64_t tiles = rows * ceil_div<int64_t>(p.n, s.tile_n) * p.batch;
-      const int64_t slots = cluster == 1 ? num_sms : (num_sms / 2) * 2;
-      const double waves = double(ceil_div<int64_t>(tiles, slots));
-      const double cost = waves * (s.tile_n / 256.0) * (s.tile_n == 128 ? kTileCost128 : 1.0) *
-                          (cluster == 2 ? 1.0 : 1.02);  // the multicast halves B's L2 -> SM traffic
-      if (cost < best_cost - 1e-9)
-        best_cost = cost, best = {Kernel::kSm90, 128, s.tile_n, tile_k, s.stages, cluster, 1};
-    }
+    const int64_t tiles = mt * ceil_div<int64_t>(p.n, s.tile_n) * p.batch;
+    const double waves = double(ceil_div<int64_t>(tiles, num_sms));
+    const double cost = waves * (s.tile_n / 256.0) * (s.tile_n == 128 ? kTileCost128 : 1.0);
+    if (cost < best_cost - 1e-9) best_cost = cost, best = {Kernel::kSm90, 128, s.tile_n, tile_k, s.stages, 1, 1};
   }
   return best;
 }

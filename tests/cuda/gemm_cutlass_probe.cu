@@ -9,7 +9,8 @@
 //   ./gemm_cutlass_probe 8192 8192 8192 4096 4096 4096 ...   (m n k triples)
 //
 // Prints the median of 20 runs (CUDA events, after warm-up) and a sampled check of 256 outputs
-// against a double-precision dot product on the host.
+// against a double-precision dot product on the host. With -DCUTLASS_PROBE_LIB -c it is a library
+// (cutlass_probe_gemm) that gemm_selftest links and times next to kiln and cuBLAS in one harness.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -51,6 +52,40 @@ using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
 using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
+// out[m, n] = a[m, k] * b[n, k]^T (bf16, row-major a and out, b the [n, k] weight), on `stream`.
+// Initialises the CUTLASS kernel when the problem changes and only runs it otherwise. Returns 0 on
+// success. gemm_selftest calls it as a peer when linked with this file (-DCUTLASS_PROBE_LIB).
+extern "C" int cutlass_probe_gemm(int m, int n, int k, const void* a, const void* b, void* d, cudaStream_t stream) {
+  static Gemm gemm;
+  static void* ws = nullptr;
+  static size_t ws_bytes = 0;
+  static int key[3] = {0, 0, 0};
+  static const void* ptrs[3] = {nullptr, nullptr, nullptr};
+  if (key[0] != m || key[1] != n || key[2] != k || ptrs[0] != a || ptrs[1] != b || ptrs[2] != d) {
+    auto sa = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, {m, k, 1});
+    auto sb = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, {n, k, 1});
+    auto sc = cutlass::make_cute_packed_stride(typename Kernel::StrideC{}, {m, n, 1});
+    auto sd = cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, {m, n, 1});
+    cutlass::KernelHardwareInfo hw = cutlass::KernelHardwareInfo::make_kernel_hardware_info<Kernel>(0);
+    typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
+                                  {m, n, k, 1},
+                                  {static_cast<const Element*>(a), sa, static_cast<const Element*>(b), sb},
+                                  {{1.0f, 0.0f}, static_cast<Element*>(d), sc, static_cast<Element*>(d), sd},
+                                  hw};
+    const size_t need = std::max<size_t>(Gemm::get_workspace_size(args), 16);
+    if (need > ws_bytes) {
+      if (ws) cudaFree(ws);
+      if (cudaMalloc(&ws, need) != cudaSuccess) return 1;
+      ws_bytes = need;
+    }
+    if (gemm.can_implement(args) != cutlass::Status::kSuccess) return 2;
+    if (gemm.initialize(args, ws, stream) != cutlass::Status::kSuccess) return 3;
+    key[0] = m, key[1] = n, key[2] = k, ptrs[0] = a, ptrs[1] = b, ptrs[2] = d;
+  }
+  return gemm.run(stream) == cutlass::Status::kSuccess ? 0 : 4;
+}
+
+#if !defined(CUTLASS_PROBE_LIB)
 __global__ void fill(Element* p, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     uint32_t x = uint32_t(i) * 2654435761u ^ seed;
@@ -115,3 +150,4 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+#endif  // !CUTLASS_PROBE_LIB
