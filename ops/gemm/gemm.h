@@ -167,7 +167,7 @@ inline const char* kernel_name(Kernel k) {
 //              shared-memory stages, cluster_m CTAs per cluster along M sharing B by multicast.
 //   kSm80:     CTA tile tile_m x tile_n x tile_k, `stages` cp.async stages.
 //   kSmallM:   tile_m = rows of A per CTA (8, 16, 32, 64: m <= tile_m), tile_n = rows of the
-//              [n, k] weight per CTA (16 or 32), split_k = warps splitting K inside the CTA.
+//              [n, k] weight per CTA block (32 or 64), split_k = warps splitting K inside the CTA.
 //   kFallback: no parameters.
 struct Tactic {
   Kernel kernel = Kernel::kFallback;

@@ -128,14 +128,14 @@ Status sm80(const GemmParams& p, const Tactic& t, LaunchContext ctx) {
 
 template <typename T>
 Status small_m(const GemmParams& p, const Tactic& t, LaunchContext ctx) {
-  // (tile_m, tile_n, split_k) -> <MT = tile_m / 8, R = tile_n / 16, WK = split_k>
+  // (tile_m, tile_n, split_k) -> <MT = tile_m / 8, R = tile_n / 16 (2 or 4), WK = split_k>
   auto by_split = [&](auto mt, auto r) -> Status {
     if (t.split_k == 4) return launch_gemm_small_m<T, mt(), r(), 4>(p, ctx);
     return launch_gemm_small_m<T, mt(), r(), 8>(p, ctx);
   };
   auto by_rows = [&](auto mt) -> Status {
-    if (t.tile_n == 16) return by_split(mt, std::integral_constant<int, 1>{});
-    return by_split(mt, std::integral_constant<int, 2>{});
+    if (t.tile_n == 32) return by_split(mt, std::integral_constant<int, 2>{});
+    return by_split(mt, std::integral_constant<int, 4>{});
   };
   switch (t.tile_m) {
     case 8:

@@ -239,14 +239,15 @@ struct SmallMArgs {
   int64_t batch;
 };
 
-// Shape of the small-M kernel <MT, R, WK>: 16-byte chunks each thread copies per k slice
-// (CPT per row: 2 while the x rows are few, so a warp reads 128 contiguous bytes of every weight
-// row per slice, 1 at MT >= 4 to keep the ring deep), the slice's k extent, and the ring depth:
-// as many slices as fit in 96 KB (two CTAs per SM), 2..8.
+// Shape of the small-M kernel <MT, R, WK>: 16-byte chunks each thread copies per k slice and
+// row (CPT = 1: the four lanes of a row read 64 contiguous bytes per copy instruction; v2's two
+// chunks a lane, 32 bytes apart, left half of every sector to a second request and ran 2-3x
+// slower), the slice's k extent, and the ring depth: as many slices as fit in 96 KB (two CTAs
+// per SM), 2..8.
 template <int MT, int R, int WK>
 struct SmallMShape {
   static constexpr int NT = WK * 32;
-  static constexpr int CPT = MT >= 4 ? 1 : 2;
+  static constexpr int CPT = 1;
   static constexpr int SLICE_K = 32 * CPT;  // k of one warp slice
   static constexpr int CH = CPT * (2 * R + MT);
   static constexpr int SLICE_BYTES = CH * 16 * NT;

@@ -335,7 +335,7 @@ __global__ void __launch_bounds__(384, 1)
       if constexpr (C::SCALE == ScaleMode::kGroupwise) {
         // Two partial accumulators: stage kb + 1's wgmma run into one while stage kb's partial
         // (the other) is scaled into acc by a_scale(row, kb) * b_scale(n-block, kb) -- rows
-        // m0 + 64 cw + 16 warp + g (+ 8), scales loaded when their stage is issued.
+        // m0 + 64 cw + 16 warp + g (+ 8).
         const int row0 = tile.m0 + 64 * cw + 16 * warp + g;
         const int nb = tile.n0 / 128;
         auto load_scales = [&](int kb, float (&sc)[2]) {
@@ -351,8 +351,7 @@ __global__ void __launch_bounds__(384, 1)
         float part0[BN / 2], part1[BN / 2];
         float sc0[2], sc1[2];
         int rs = s;  // the stage to release next (issue runs one ahead)
-        auto start = [&](int kb, float (&part)[BN / 2], float (&sc)[2]) {
-          load_scales(kb, sc);
+        auto start = [&](float (&part)[BN / 2]) {
           sm90::mbar_wait(&full[s], phase);
           sm90::fence_regs(part);  // every read of part's previous stage stays before its overwrite
           sm90::wgmma_fence();
@@ -374,20 +373,28 @@ __global__ void __launch_bounds__(384, 1)
         // pair drains to wait_group 0; chaining the pairs (issue kb + 2 before scaling kb + 1),
         // a conditional wait_group 0 or an empty commit group made it serialise every wgmma
         // (C7514, C7518). An odd first stage is peeled.
+        // Scales travel one pair ahead (loaded while the previous pair's wgmma run: a load
+        // issued with its own stage came back after the wgmma and stalled the scaling).
+        float nx0[2], nx1[2];
         int kb = 0;
         if (args.k_blocks & 1) {
-          start(0, part0, sc0);
+          load_scales(0, sc0);
+          start(part0);
           sm90::wgmma_wait<0>();
           finish(part0, sc0);
           kb = 1;
         }
+        if (kb < args.k_blocks) load_scales(kb, sc0), load_scales(kb + 1, sc1);
         for (; kb < args.k_blocks; kb += 2) {
-          start(kb, part0, sc0);
-          start(kb + 1, part1, sc1);
+          const bool more = kb + 2 < args.k_blocks;
+          if (more) load_scales(kb + 2, nx0), load_scales(kb + 3, nx1);
+          start(part0);
+          start(part1);
           sm90::wgmma_wait<1>();
           finish(part0, sc0);
           sm90::wgmma_wait<0>();
           finish(part1, sc1);
+          if (more) sc0[0] = nx0[0], sc0[1] = nx0[1], sc1[0] = nx1[0], sc1[1] = nx1[1];
         }
       } else {
         int prev = -1;

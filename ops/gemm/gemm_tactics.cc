@@ -74,7 +74,7 @@ const std::vector<Tactic>& all_tactics() {
         for (int32_t cluster : {1, 2}) v.push_back({Kernel::kSm90, 128, s.tile_n, tile_k, s.stages, cluster, 1});
     for (int32_t stages : {3, 4}) v.push_back({Kernel::kSm80, 128, 128, 64, stages, 1, 1});
     for (int32_t tile_m : {8, 16, 32, 64})
-      for (int32_t tile_n : {16, 32})
+      for (int32_t tile_n : {32, 64})
         for (int32_t split : {4, 8}) v.push_back({Kernel::kSmallM, tile_m, tile_n, 32, 0, 1, split});
     v.push_back({Kernel::kFallback, 0, 0, 0, 0, 1, 1});
     return v;
@@ -257,9 +257,9 @@ struct SmallMRow {
   int32_t tile_m, tile_n, split_k;
 };
 constexpr SmallMRow kSmallMTable[] = {
-    {8, 8, 16, 8},
-    {16, 16, 16, 8},
-    {32, 32, 16, 8},
+    {8, 8, 32, 8},
+    {16, 16, 32, 8},
+    {32, 32, 32, 8},
     {64, 64, 32, 4},
 };
 
