@@ -182,7 +182,29 @@ struct Tactic {
   }
 };
 
-// "sm90_128x256x64_s4_c2", "small_m_16x16_k8", "fallback": stable names for caches and logs.
+// Shared memory of the small-M kernel <MT = tile_m / 8, R = tile_n / 16, WK = split_k>: a per-thread
+// cp.async ring of 16-byte chunks (2 R of the weight, MT of x per 32-wide k slice) as deep as fits
+// in 96 KB (2..8 slices), plus the split-K reduction buffer. One formula for the kernel
+// (gemm_sm80.cuh) and the support rule (gemm_tactics.cc).
+namespace small_m {
+constexpr int kRingBudget = 96 * 1024;
+constexpr int slice_bytes(int mt, int r, int wk) {
+  return (2 * r + mt) * 16 * wk * 32;
+}
+constexpr int stages(int mt, int r, int wk) {
+  return kRingBudget / slice_bytes(mt, r, wk) < 2   ? 2
+         : kRingBudget / slice_bytes(mt, r, wk) > 8 ? 8
+                                                    : kRingBudget / slice_bytes(mt, r, wk);
+}
+constexpr int64_t ring_bytes(int mt, int r, int wk) {
+  return int64_t(stages(mt, r, wk)) * slice_bytes(mt, r, wk);
+}
+constexpr int64_t smem_bytes(int mt, int r, int wk) {
+  return ring_bytes(mt, r, wk) + int64_t(wk) * r * mt * 4 * 32 * int64_t(sizeof(float));
+}
+}  // namespace small_m
+
+// "sm90_128x256x64_s4_c2", "small_m_16x32_k8", "fallback": stable names for caches and logs.
 std::string tactic_name(const Tactic& t);
 
 // Every tactic any kernel of this library implements, in a fixed order (the autotuner's space).

@@ -131,7 +131,11 @@ Status small_m(const GemmParams& p, const Tactic& t, LaunchContext ctx) {
   // (tile_m, tile_n, split_k) -> <MT = tile_m / 8, R = tile_n / 16 (2 or 4), WK = split_k>
   auto by_split = [&](auto mt, auto r) -> Status {
     if (t.split_k == 4) return launch_gemm_small_m<T, mt(), r(), 4>(p, ctx);
-    return launch_gemm_small_m<T, mt(), r(), 8>(p, ctx);
+    if constexpr (small_m::smem_bytes(mt(), r(), 8) <= 227 * 1024) {  // not listed otherwise
+      return launch_gemm_small_m<T, mt(), r(), 8>(p, ctx);
+    } else {
+      return error("no small-m kernel for tactic " + tactic_name(t));
+    }
   };
   auto by_rows = [&](auto mt) -> Status {
     if (t.tile_n == 32) return by_split(mt, std::integral_constant<int, 2>{});

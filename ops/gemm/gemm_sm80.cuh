@@ -211,7 +211,10 @@ Status launch_gemm_sm80(const GemmParams& p, LaunchContext ctx) {
   int device = 0;
   cudaGetDevice(&device);
   Status st = cuda_status(allow_smem<kernel>(smem, device), "gemm (sm80): raising the shared-memory limit");
-  if (!st.ok()) return st;
+  if (!st.ok()) {
+    cudaGetLastError();  // the failed attribute call must not be reported by the next launch
+    return st;
+  }
   Sm80Args a{p.m,         p.n,   p.k,
              p.a,         p.lda, p.a_batch_stride,
              p.b,         p.ldb, p.b_batch_stride,
@@ -250,12 +253,11 @@ struct SmallMShape {
   static constexpr int CPT = 1;
   static constexpr int SLICE_K = 32 * CPT;  // k of one warp slice
   static constexpr int CH = CPT * (2 * R + MT);
-  static constexpr int SLICE_BYTES = CH * 16 * NT;
-  static constexpr int S = 98304 / SLICE_BYTES < 2 ? 2 : 98304 / SLICE_BYTES > 8 ? 8 : 98304 / SLICE_BYTES;
+  static constexpr int S = small_m::stages(MT, R, WK);
   static constexpr int VALS = R * MT * 4;  // accumulators a thread
-  static constexpr size_t RING_BYTES = size_t(S) * SLICE_BYTES;
-  static constexpr size_t RED_BYTES = size_t(WK) * VALS * 32 * sizeof(float);
-  static constexpr size_t kSmemBytes = RING_BYTES + RED_BYTES;
+  static constexpr size_t RING_BYTES = size_t(small_m::ring_bytes(MT, R, WK));
+  static constexpr size_t kSmemBytes = size_t(small_m::smem_bytes(MT, R, WK));
+  static_assert(CH * 16 * NT == small_m::slice_bytes(MT, R, WK), "one formula for the ring");
 };
 
 // MT: n8 tiles of x rows (m <= 8 MT); R: m16 tiles of weight rows per block; WK: warps (split-K).
@@ -421,7 +423,10 @@ Status launch_gemm_small_m(const GemmParams& p, LaunchContext ctx) {
   cudaGetDevice(&device);
   Status st =
       cuda_status(allow_smem<kernel>(Sh::kSmemBytes, device), "gemm (small m): raising the shared-memory limit");
-  if (!st.ok()) return st;
+  if (!st.ok()) {
+    cudaGetLastError();  // the failed attribute call must not be reported by the next launch
+    return st;
+  }
   SmallMArgs a{p.m,         p.n,    p.k,
                p.a,         p.lda,  p.a_batch_stride,
                p.b,         p.ldb,  p.b_batch_stride,

@@ -529,7 +529,10 @@ Status launch(const Sm90Args& args, const CUtensorMap& ta, const CUtensorMap& tb
   int device = 0;
   cudaGetDevice(&device);
   Status st = cuda_status(allow_smem<kernel>(C::kSmemBytes, device), "gemm (sm90): raising the shared-memory limit");
-  if (!st.ok()) return st;
+  if (!st.ok()) {
+    cudaGetLastError();  // the failed attribute call must not be reported by the next launch
+    return st;
+  }
   const int resident = resident_ctas<C>(device);
   const int64_t want = C::GROUPED ? resident : std::min<int64_t>(tiles * C::CLUSTER, resident);
   if (want <= 0) return Status::Ok();

@@ -2,6 +2,7 @@
 // kernel, argument checks, and the default-tactic heuristic (the one table, default_tactic()).
 // Plain C++ (no CUDA): the same code answers on a CPU-only machine.
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -73,9 +74,13 @@ const std::vector<Tactic>& all_tactics() {
       for (const Sm90Shape& s : kSm90Shapes)
         for (int32_t cluster : {1, 2}) v.push_back({Kernel::kSm90, 128, s.tile_n, tile_k, s.stages, cluster, 1});
     for (int32_t stages : {3, 4}) v.push_back({Kernel::kSm80, 128, 128, 64, stages, 1, 1});
+    // Small-M shapes whose shared memory fits a CTA on some arch (64 x 64 x 8 warps needs 256 KB).
     for (int32_t tile_m : {8, 16, 32, 64})
       for (int32_t tile_n : {32, 64})
-        for (int32_t split : {4, 8}) v.push_back({Kernel::kSmallM, tile_m, tile_n, 32, 0, 1, split});
+        for (int32_t split : {4, 8})
+          if (small_m::smem_bytes(tile_m / 8, tile_n / 16, split) <= 227 * 1024) {
+            v.push_back({Kernel::kSmallM, tile_m, tile_n, 32, 0, 1, split});
+          }
     v.push_back({Kernel::kFallback, 0, 0, 0, 0, 1, 1});
     return v;
   }();
@@ -188,6 +193,10 @@ std::string unsupported(const GemmParams& p, const Tactic& t, int arch) {
           std::any_of(all_tactics().begin(), all_tactics().end(), [&](const Tactic& o) { return o == t; });
       if (!listed) return "not a small-m tactic";
       if (p.m > t.tile_m) return "m " + str(p.m) + " > tile_m " + str(t.tile_m);
+      if (small_m::smem_bytes(t.tile_m / 8, t.tile_n / 16, t.split_k) > smem_limit(arch)) {
+        return "needs " + str(small_m::smem_bytes(t.tile_m / 8, t.tile_n / 16, t.split_k)) +
+               " bytes of shared memory, more than arch " + str(arch) + " gives a CTA";
+      }
       if (!is16(p.a_dtype)) return "16-bit inputs only";
       if (!kmajor) return "needs a K-major b (the [n, k] weight)";
       if (!aligned16(p.a) || !aligned16(p.b)) return "a and b must be 16-byte aligned";
@@ -244,31 +253,46 @@ std::vector<Tactic> grouped_gemm_tactics(const GroupedGemmParams& p, int arch) {
 // ---- the default-tactic heuristic (one table) --------------------------------------------------
 //
 //   kernel    when                                             shape
-//   kSmallM   m <= 64, 16-bit, K-major b (decode GEMV)         kSmallMTable by m
-//   kSm90     9.0 + sm_90a, TMA rules hold                     sm90_choice(): fewest tile waves,
-//                                                              ties to 128 x 256, cluster 2
+//   kSm90     9.0 + sm_90a, 32 < m <= 64                       sm90_choice() (the TMA weight stream
+//                                                              beat the small-M kernel at 5 of the
+//                                                              7 issue shapes at m = 64)
+//   kSmallM   m <= 64, 16-bit, K-major b (decode GEMV)         kSmallMTable by n, tile_m by m
+//   kSm90     9.0 + sm_90a, TMA rules hold                     sm90_choice(): fewest tile waves
 //   kSm80     sm80+, 16-byte rows                              128 x 128 x 64, 3 stages
 //   kFallback otherwise
-// Measured basis: docs/perf/gemm.md ("Heuristic").
+// Measured basis (H200, device call 3, every tactic timed side by side): docs/perf/gemm.md.
 namespace {
 
+// Small M: tile_m = the smallest of 8, 16, 32, 64 >= m; 32 weight rows a block and 8 warps for
+// n <= 4096 (64-row blocks leave most SMs idle there: 64 blocks), else 64 rows, with 8 warps from
+// n > 16384 and 4 below (64 x 64 takes 4: 8 do not fit).
 struct SmallMRow {
-  int64_t max_m;
-  int32_t tile_m, tile_n, split_k;
+  int64_t max_n;
+  int32_t tile_n, split_k;
 };
 constexpr SmallMRow kSmallMTable[] = {
-    {8, 8, 32, 8},
-    {16, 16, 32, 8},
-    {32, 32, 32, 8},
-    {64, 64, 32, 4},
+    {4096, 32, 8},
+    {16384, 64, 4},
+    {INT64_MAX, 64, 8},
 };
+
+Tactic small_m_choice(const GemmParams& p) {
+  const int32_t tile_m = p.m <= 8 ? 8 : p.m <= 16 ? 16 : p.m <= 32 ? 32 : 64;
+  for (const SmallMRow& r : kSmallMTable) {
+    if (p.n > r.max_n) continue;
+    int32_t split = r.split_k;
+    if (small_m::smem_bytes(tile_m / 8, r.tile_n / 16, split) > 227 * 1024) split = 4;
+    return Tactic{Kernel::kSmallM, tile_m, r.tile_n, 32, 0, 1, split};
+  }
+  return Tactic{};
+}
 
 // Relative time of one 128 x BN tile per unit of work: 128 x 128 tiles run ~7% slower per FLOP
 // (more shared-memory traffic per wgmma, two epilogues per 256 columns).
 constexpr double kTileCost128 = 1.07;
 
-// Cluster 1: the 2-CTA B multicast never paid on the H200 (docs/perf/gemm.md, call 1: equal or
-// up to 10 % slower at every issue shape), so the default never takes it; the tuner may.
+// Cluster 1: the 2-CTA B multicast never paid on the H200 (docs/perf/gemm.md: equal or slower at
+// every issue shape), so the default never takes it; the tuner may.
 Tactic sm90_choice(const GemmParams& p, int num_sms, int32_t tile_k, bool groupwise) {
   const int64_t mt = ceil_div<int64_t>(p.m, 128);
   Tactic best{};
@@ -286,17 +310,19 @@ Tactic sm90_choice(const GemmParams& p, int num_sms, int32_t tile_k, bool groupw
 }  // namespace
 
 Tactic default_tactic(const GemmParams& p, int arch) {
-  constexpr int kSms = 132;  // H100 SXM / H200; the waves count is only a tie-break elsewhere
+  constexpr int kSms = 132;  // H100 SXM / H200: the wave count only ranks tiles
+  const int32_t tile_k = int32_t(128 / dtype_bytes(p.a_dtype));
+  const bool groupwise = p.scale_mode == ScaleMode::kGroupwise;
+  if (arch == 90 && p.m > 32 && p.m <= 64) {
+    const Tactic t = sm90_choice(p, kSms, tile_k, groupwise);
+    if (unsupported(p, t, arch).empty()) return t;
+  }
   if (p.m <= 64) {
-    for (const SmallMRow& r : kSmallMTable) {
-      if (p.m > r.max_m) continue;
-      const Tactic t{Kernel::kSmallM, r.tile_m, r.tile_n, 32, 0, 1, r.split_k};
-      if (unsupported(p, t, arch).empty()) return t;
-      break;
-    }
+    const Tactic t = small_m_choice(p);
+    if (unsupported(p, t, arch).empty()) return t;
   }
   if (arch == 90) {
-    const Tactic t = sm90_choice(p, kSms, int32_t(128 / dtype_bytes(p.a_dtype)), p.scale_mode == ScaleMode::kGroupwise);
+    const Tactic t = sm90_choice(p, kSms, tile_k, groupwise);
     if (unsupported(p, t, arch).empty()) return t;
   }
   const Tactic sm80{Kernel::kSm80, 128, 128, 64, 3, 1, 1};

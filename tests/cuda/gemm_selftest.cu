@@ -849,7 +849,7 @@ void check_errors() {
   expect(p, Tactic{Kernel::kSm90, 128, 256, 64, 6, 1, 1}, "an unlisted sm90 shape");
   p = pr.p;
   p.m = 65;
-  expect(p, Tactic{Kernel::kSmallM, 64, 16, 32, 0, 1, 8}, "small-m tile_m < m");
+  expect(p, Tactic{Kernel::kSmallM, 64, 32, 32, 0, 1, 4}, "small-m tile_m < m");
   p = pr.p;
   p.a_dtype = p.b_dtype = DType::kE4M3;
   expect(p, Tactic{}, "fp8 without scales");
