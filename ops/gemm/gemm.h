@@ -1,5 +1,5 @@
 // The GEMM contract: parameter structs, tactics and entry points of //ops/gemm. Framework free:
-// raw device pointers, int64_t sizes and strides in elements, kiln::Status (R3.1-2).
+// raw device pointers, int64_t sizes and strides in elements, kiln::Status.
 //
 //   out[b, i, j] = alpha * sum_k A[b, i, k] * B[b, k, j]        (mm: batch = 1; bmm: batch > 1)
 //

@@ -26,6 +26,9 @@ _API = {
     "page": ("append_paged_kv_cache", "get_batch_indices_positions"),
     "errors": ("check_errors", "DeviceIndexError"),
 }
+# Public names that are tools, not ops: no kernel of their own, so no trace template, benchmark
+# routine or custom op (tests/trace/test_trace_templates.py skips them).
+_TOOLS = frozenset({"check_errors", "DeviceIndexError"})
 _OWNER = {name: module for module, names in _API.items() for name in names}
 # Submodules that are part of the API as modules.
 _SUBMODULES = ("utils",)

@@ -26,6 +26,8 @@ import torch
 
 from kiln.runtime import env
 
+from .api_logging import logged_api
+
 __all__ = ["DeviceIndexError", "check_errors"]
 
 RECORD_WORDS = 4  # code, position, value, bound (ops/common/device_error.h)
@@ -84,6 +86,7 @@ def _raise_if_set(values: list[int], record: torch.Tensor, device: torch.device)
                                "skipped the work of that index (its outputs are NaN or unwritten).")
 
 
+@logged_api
 def check_errors(device=None) -> None:
     """Raise DeviceIndexError for the first index error a kernel recorded on `device` (every CUDA
     device kiln has run on, when None) since the last check. Synchronises with the device."""

@@ -20,8 +20,11 @@ APIS = traced_apis()
 
 
 def public_apis():
-    """kiln's public callables: functions, and the `run` of plan/run classes."""
+    """kiln's public callables that are ops: functions, and the `run` of plan/run classes (the
+    tools, kiln._TOOLS, have no workload to describe)."""
     for name in kiln.__all__:
+        if name in kiln._TOOLS:
+            continue
         obj = getattr(kiln, name)
         if inspect.isclass(obj):
             yield f"kiln.{name}.run", getattr(obj, "run", None)
