@@ -1,5 +1,6 @@
-// The GEMM contract: parameter structs, tactics and entry points of //ops/gemm. Framework free:
-// raw device pointers, int64_t sizes and strides in elements, kiln::Status.
+// The GEMM contract: parameter structs, tactics and entry points of the //ops/gemm targets (:mm,
+// :fp8, :grouped; docs/gemm.md). Framework free: raw device pointers, int64_t sizes and strides in
+// elements, kiln::Status results, no torch, pybind11 or DLPack.
 //
 //   out[b, i, j] = alpha * sum_k A[b, i, k] * B[b, k, j]        (mm: batch = 1; bmm: batch > 1)
 //
@@ -19,6 +20,12 @@
 // indptr[s], hi_s = indptr[s + 1]) or torch._grouped_mm's offs (num_groups cumulative row ends,
 // lo_0 = 0). Rows of out outside every segment are not written.
 //
+// Index errors (ops/common/device_error.h): the segment bounds and weight indices are read on the
+// device, so they are checked where they are read (check_segment): a segment that starts below 0
+// or after its end, ends past total_rows, or names a weight outside [0, num_weights) is skipped
+// (its rows are not written) and recorded in LaunchContext::errors (kSegmentStart, kSegmentEnd,
+// kWeightIndex); the host backend returns Status::IndexError before it writes anything.
+//
 // Kernels (the Tactic picks one; gemm_tactics() lists those that serve a problem):
 //   kSm90     warp-specialised TMA + wgmma, persistent, optional 2-CTA cluster with B multicast
 //             (gemm_sm90.cuh); 9.0 devices, sm_90a code. 16-byte aligned pointers and strides.
@@ -27,12 +34,16 @@
 //   kSmallM   decode GEMV-style mma.sync kernel streaming a K-major B with 16-byte loads, split-K
 //             inside a CTA (gemm_sm80.cuh); m <= 64, 16-bit inputs.
 //   kFallback plain tiled FMA kernel (gemm_fallback.cuh): any shape, stride, alignment, dtype.
+// The host backend (gemm_host.cc) accepts the same tactics under the same rules, as for a 9.0
+// device with sm_90a code (kHostArch), and runs float32 loops for every one of them: the CPU runs
+// the tactic machinery (choice, blocklist, autotuner) that a GPU runs.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "ops/common/device_error.h"
 #include "ops/common/macros.h"
 #include "ops/common/status.h"
 
@@ -121,9 +132,9 @@ struct GroupedGemmParams {
   DType a_dtype = DType::kBF16;
   int64_t lda = 0;
 
-  // Segment bounds in device memory: seg_indptr [num_groups + 1] (bounds_are_ends = false) or
-  // offs [num_groups] (true). Non-decreasing, last <= total_rows (checked on the device: a
-  // violating segment is skipped and *error set).
+  // Segment bounds in the backend's memory: seg_indptr [num_groups + 1] (bounds_are_ends =
+  // false) or offs [num_groups] (true). From 0, non-decreasing, last <= total_rows: checked where
+  // they are read (check_segment below).
   const void* bounds = nullptr;
   IndexType bounds_type = IndexType::kInt64;
   bool bounds_are_ends = false;
@@ -140,11 +151,46 @@ struct GroupedGemmParams {
   void* out = nullptr;  // [total_rows, n], row stride ldo
   DType out_dtype = DType::kBF16;
   int64_t ldo = 0;
-
-  // Optional device int32: set to 1 (never cleared) when a segment has bad bounds or a weight
-  // index outside [0, num_weights); that segment's rows are then not written.
-  int32_t* error = nullptr;
 };
+
+// Segment s of a grouped GEMM: rows [lo, hi) and its weight, or ok = false when its bounds or
+// weight index are invalid (then it has no rows: nothing is computed or written for it). Read by
+// the CUDA kernels and the host backend alike; `index` reads entry i of an int32/int64 array.
+struct Segment {
+  int64_t lo, hi;
+  int64_t weight;
+  bool ok;
+};
+
+KILN_HOST_DEVICE int64_t load_index(const void* p, IndexType t, int64_t i) {
+  return t == IndexType::kInt64 ? static_cast<const int64_t*>(p)[i] : int64_t(static_cast<const int32_t*>(p)[i]);
+}
+
+// The segment s, checked: a bad one is recorded in `errors` (when non-null: the device's record,
+// ops/common/device_error.h) and comes back with ok = false and no rows.
+KILN_HOST_DEVICE Segment check_segment(const GroupedGemmParams& g, int64_t s, int64_t* errors) {
+  Segment r;
+  if (g.bounds_are_ends) {
+    r.lo = s == 0 ? 0 : load_index(g.bounds, g.bounds_type, s - 1);
+    r.hi = load_index(g.bounds, g.bounds_type, s);
+  } else {
+    r.lo = load_index(g.bounds, g.bounds_type, s);
+    r.hi = load_index(g.bounds, g.bounds_type, s + 1);
+  }
+  r.weight = g.weight_indices == nullptr ? s : load_index(g.weight_indices, g.weight_indices_type, s);
+  r.ok = false;
+  if (r.lo < 0 || r.lo > r.hi) {
+    record_error(errors, ErrorCode::kSegmentStart, s, r.lo, r.hi);
+  } else if (r.hi > g.total_rows) {
+    record_error(errors, ErrorCode::kSegmentEnd, s, r.hi, g.total_rows);
+  } else if (r.weight < 0 || r.weight >= g.num_weights) {
+    record_error(errors, ErrorCode::kWeightIndex, s, r.weight, g.num_weights);
+  } else {
+    r.ok = true;
+  }
+  if (!r.ok) r.lo = r.hi = 0;
+  return r;
+}
 
 enum class Kernel : int32_t { kSm90, kSm80, kSmallM, kFallback };
 
@@ -207,13 +253,17 @@ constexpr int64_t smem_bytes(int mt, int r, int wk) {
 // "sm90_128x256x64_s4_c2", "small_m_16x32_k8", "fallback": stable names for caches and logs.
 std::string tactic_name(const Tactic& t);
 
-// Every tactic any kernel of this library implements, in a fixed order (the autotuner's space).
+// Every tactic any kernel of this library implements, in a fixed order (the autotuner's space):
+// a tactic's index in it is what the bindings pass around; at most kMaxTactics (a blocklist is a
+// bit mask over the indices).
 const std::vector<Tactic>& all_tactics();
+constexpr int kMaxTactics = 64;
 
 // The arch code the heuristics use for a device: major * 10 + minor, except that 90 means "a 9.0
 // device and this module holds sm_90a code" (a 9.0 device without it reports 89, so no kSm90
-// tactic is chosen). Queries the device once.
+// tactic is chosen). Queries the device once. The host backend answers kHostArch for any device.
 int device_arch(int device);
+constexpr int kHostArch = 90;
 
 // Why `t` cannot run `p` on `arch` (empty when it can): shape, dtype, layout, alignment, arch.
 std::string unsupported(const GemmParams& p, const Tactic& t, int arch);
@@ -223,7 +273,7 @@ std::string unsupported(const GroupedGemmParams& p, const Tactic& t, int arch);
 std::vector<Tactic> gemm_tactics(const GemmParams& p, int arch);
 std::vector<Tactic> grouped_gemm_tactics(const GroupedGemmParams& p, int arch);
 
-// The heuristic default (gemm_heuristic.cc, one table): deterministic per (arch, dtypes, m, n, k).
+// The heuristic default (gemm_tactics.cc, one table): deterministic per (arch, dtypes, m, n, k).
 Tactic default_tactic(const GemmParams& p, int arch);
 Tactic default_grouped_tactic(const GroupedGemmParams& p, int arch);
 
@@ -232,9 +282,24 @@ Tactic default_grouped_tactic(const GroupedGemmParams& p, int arch);
 std::string invalid(const GemmParams& p);
 std::string invalid(const GroupedGemmParams& p);
 
+// The tactic a launch runs, as an index of all_tactics() (the one rule for every op and backend):
+//   `requested` (an index, or -1 for none) when it can serve p on arch and its bit in `blocked` is
+//   clear; with `strict` anything else is an error (the autotuner times exactly what it asked for);
+//   otherwise default_tactic() unless blocked, else the first tactic of gemm_tactics() that is not
+//   blocked. -1 with *why set when nothing can run (p invalid, or every candidate blocked).
+int choose_tactic(const GemmParams& p, int requested, uint64_t blocked, bool strict, int arch, std::string* why);
+int choose_tactic(const GroupedGemmParams& p, int requested, uint64_t blocked, bool strict, int arch, std::string* why);
+
 // Launch on ctx.stream. An unsupported tactic or invalid params return an error before anything
-// is launched; m, n or batch == 0 is a no-op; k == 0 writes zeros.
+// is launched; m, n or batch == 0 is a no-op; k == 0 writes zeros. A module holds the kernels of
+// its input dtype only (spec_config.h: :mm bf16 or f16, :fp8 e4m3 or e5m2 for A, :grouped bf16 or
+// f16): another input dtype is an error naming the module.
 Status gemm(const GemmParams& p, const Tactic& t, LaunchContext ctx);
 Status grouped_gemm(const GroupedGemmParams& p, const Tactic& t, LaunchContext ctx);
+
+// A timestamp in nanoseconds written to *out on ctx.stream, in stream order: %globaltimer, the
+// GPU's global nanosecond clock, from a one-thread kernel (CUDA), or the steady clock (host). The
+// autotuner times with it where CUDA events are unreliable.
+Status timestamp(int64_t* out, LaunchContext ctx);
 
 }  // namespace kiln::gemm

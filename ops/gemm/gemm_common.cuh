@@ -1,5 +1,6 @@
 // Pieces every GEMM kernel shares: the DType -> C++ type table (one place), float conversion of
-// inputs, paired output stores, and the grouped-GEMM segment reader.
+// inputs and paired output stores. (The grouped-GEMM segment reader, check_segment, is in gemm.h:
+// the host backend reads segments the same way.)
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,9 +14,6 @@
 #include "ops/gemm/gemm.h"
 
 namespace kiln::gemm {
-
-using e4m3_t = __nv_fp8_e4m3;
-using e5m2_t = __nv_fp8_e5m2;
 
 template <typename T>
 struct TypeTag {
@@ -96,33 +94,6 @@ __device__ __forceinline__ void store_one(T* p, float v) {
   } else {
     *p = Convert<T>::from_float(v);
   }
-}
-
-// Segment s of a grouped GEMM: rows [lo, hi) and its weight, or ok = false when its bounds or
-// weight index are invalid (then it has no rows: nothing is computed or written for it).
-struct Segment {
-  int64_t lo, hi;
-  int64_t weight;
-  bool ok;
-};
-
-__device__ __forceinline__ int64_t load_index(const void* p, IndexType t, int64_t i) {
-  return t == IndexType::kInt64 ? static_cast<const int64_t*>(p)[i] : int64_t(static_cast<const int32_t*>(p)[i]);
-}
-
-__device__ __forceinline__ Segment load_segment(const GroupedGemmParams& g, int64_t s) {
-  Segment r;
-  if (g.bounds_are_ends) {
-    r.lo = s == 0 ? 0 : load_index(g.bounds, g.bounds_type, s - 1);
-    r.hi = load_index(g.bounds, g.bounds_type, s);
-  } else {
-    r.lo = load_index(g.bounds, g.bounds_type, s);
-    r.hi = load_index(g.bounds, g.bounds_type, s + 1);
-  }
-  r.weight = g.weight_indices == nullptr ? s : load_index(g.weight_indices, g.weight_indices_type, s);
-  r.ok = r.lo >= 0 && r.lo <= r.hi && r.hi <= g.total_rows && r.weight >= 0 && r.weight < g.num_weights;
-  if (!r.ok) r.lo = r.hi = 0;
-  return r;
 }
 
 }  // namespace kiln::gemm

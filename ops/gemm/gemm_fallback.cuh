@@ -7,7 +7,8 @@
 // Groupwise scales are applied to the operands as they are loaded (a(i, k) * a_scale(i, k / 128),
 // b(k, j) * b_scale(j / 128, k / 128)): the same sum as scaling each 128-wide block's partial.
 // Grouped: CTA tiles run over the rows of x; each CTA visits every segment overlapping its 64
-// rows (a linear scan of the bounds) and computes those rows with that segment's weight.
+// rows (a linear scan of the bounds, check_segment: CTA (0, 0) records a bad segment in the
+// device's error record) and computes those rows with that segment's weight.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,6 +19,7 @@
 #include "ops/common/math.h"
 #include "ops/gemm/gemm.h"
 #include "ops/gemm/gemm_common.cuh"
+#include "ops/gemm/gemm_kernels.h"
 #include "ops/gemm/gemm_sm80.cuh"  // store_out
 
 namespace kiln::gemm {
@@ -26,6 +28,7 @@ struct FallbackArgs {
   GemmParams p;  // dense: the problem; grouped: m = total rows, batch = 1, b = the weights
   bool grouped;
   GroupedGemmParams g;
+  int64_t* errors;  // the device's index-error record (grouped), or null
 };
 
 namespace fallback_detail {
@@ -107,13 +110,10 @@ __global__ void __launch_bounds__(256) gemm_fallback_kernel(const FallbackArgs f
         static_cast<uint8_t*>(p.out) + z * p.out_batch_stride * dtype_bytes(p.out_dtype), 0, p.m);
     return;
   }
+  const bool report = threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0;
   for (int64_t s = 0; s < f.g.num_groups; ++s) {
-    const Segment seg = load_segment(f.g, s);
-    if (!seg.ok) {
-      if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && f.g.error != nullptr) *f.g.error = 1;
-      continue;
-    }
-    if (seg.hi <= m0 || seg.lo >= m0 + BM) continue;
+    const Segment seg = check_segment(f.g, s, report ? f.errors : nullptr);
+    if (!seg.ok || seg.hi <= m0 || seg.lo >= m0 + BM) continue;
     run(static_cast<const TA*>(p.a), static_cast<const TB*>(p.b) + seg.weight * f.g.b_weight_stride, p.out, seg.lo,
         seg.hi);
   }
@@ -131,6 +131,25 @@ Status launch_gemm_fallback(const FallbackArgs& f, LaunchContext ctx) {
   const dim3 grid(unsigned(gx), unsigned(gy), unsigned(f.grouped ? 1 : p.batch));
   gemm_fallback_kernel<TA, TB><<<grid, kThreads, 0, static_cast<cudaStream_t>(ctx.stream)>>>(f);
   return cuda_status(cudaGetLastError(), "gemm (fallback) kernel launch");
+}
+
+// The fallback partitions (gemm_kernels.h): a dense problem, and a grouped one as rows of x.
+template <typename TA, typename TB>
+Status run_fallback(const GemmParams& p, LaunchContext ctx) {
+  return launch_gemm_fallback<TA, TB>(FallbackArgs{p, false, {}, nullptr}, ctx);
+}
+
+template <typename T>
+Status run_grouped_fallback(const GroupedGemmParams& g, LaunchContext ctx) {
+  FallbackArgs f{};
+  f.grouped = true;
+  f.g = g;
+  f.errors = ctx.errors;
+  f.p.m = g.total_rows, f.p.n = g.n, f.p.k = g.k, f.p.batch = 1;
+  f.p.a = g.a, f.p.a_dtype = f.p.b_dtype = g.a_dtype, f.p.lda = g.lda;
+  f.p.b = g.b, f.p.b_layout = g.b_layout, f.p.ldb = g.ldb;
+  f.p.out = g.out, f.p.out_dtype = g.out_dtype, f.p.ldo = g.ldo;
+  return launch_gemm_fallback<T, T>(f, ctx);
 }
 
 }  // namespace kiln::gemm

@@ -31,6 +31,7 @@
 #include "ops/common/mma.cuh"
 #include "ops/gemm/gemm.h"
 #include "ops/gemm/gemm_common.cuh"
+#include "ops/gemm/gemm_kernels.h"
 
 namespace kiln::gemm {
 
@@ -436,6 +437,43 @@ Status launch_gemm_small_m(const GemmParams& p, LaunchContext ctx) {
   const int64_t grid = std::min<int64_t>(blocks, small_m_resident<T, MT, R, WK>(device));
   kernel<<<unsigned(grid), WK * 32, Sh::kSmemBytes, static_cast<cudaStream_t>(ctx.stream)>>>(a);
   return cuda_status(cudaGetLastError(), "gemm (small m) kernel launch");
+}
+
+// ---- the partitions of gemm_kernels.h: a tactic's shape -> one instantiation -----------------
+
+template <typename T>
+Status run_sm80(const GemmParams& p, const Tactic& t, LaunchContext ctx) {
+  const bool kmajor = p.b_layout == BLayout::kKMajor;
+  if (t.stages == 3) return kmajor ? launch_gemm_sm80<T, true, 3>(p, ctx) : launch_gemm_sm80<T, false, 3>(p, ctx);
+  return kmajor ? launch_gemm_sm80<T, true, 4>(p, ctx) : launch_gemm_sm80<T, false, 4>(p, ctx);
+}
+
+// (tile_m, tile_n, split_k) -> <MT = tile_m / 8, R = tile_n / 16 (2 or 4), WK = split_k>; the
+// shapes whose shared memory fits no CTA are not listed (all_tactics) and not instantiated.
+template <typename T>
+Status run_small_m(const GemmParams& p, const Tactic& t, LaunchContext ctx) {
+  auto by_split = [&](auto mt, auto r) -> Status {
+    if (t.split_k == 4) return launch_gemm_small_m<T, mt(), r(), 4>(p, ctx);
+    if constexpr (small_m::smem_bytes(mt(), r(), 8) <= 227 * 1024) {
+      return launch_gemm_small_m<T, mt(), r(), 8>(p, ctx);
+    } else {
+      return Status::Error(1, "gemm: no small-m kernel for tactic " + tactic_name(t));
+    }
+  };
+  auto by_rows = [&](auto mt) -> Status {
+    if (t.tile_n == 32) return by_split(mt, std::integral_constant<int, 2>{});
+    return by_split(mt, std::integral_constant<int, 4>{});
+  };
+  switch (t.tile_m) {
+    case 8:
+      return by_rows(std::integral_constant<int, 1>{});
+    case 16:
+      return by_rows(std::integral_constant<int, 2>{});
+    case 32:
+      return by_rows(std::integral_constant<int, 4>{});
+    default:
+      return by_rows(std::integral_constant<int, 8>{});
+  }
 }
 
 }  // namespace kiln::gemm

@@ -41,6 +41,7 @@
 #include "ops/common/tma_host.h"
 #include "ops/gemm/gemm.h"
 #include "ops/gemm/gemm_common.cuh"
+#include "ops/gemm/gemm_kernels.h"
 
 namespace kiln::gemm {
 
@@ -90,6 +91,7 @@ struct Sm90Args {
   const float* b_scale;
   int64_t sa_m, sa_k, sb_n, sb_k;
   GroupedGemmParams g;  // grouped only
+  int64_t* errors;      // grouped only: the device's index-error record (or null)
 };
 
 namespace sm90_detail {
@@ -133,8 +135,7 @@ struct SegmentCursor {
     while (base < g.num_groups) {
       const int64_t s = base + lane;
       Segment seg{0, 0, 0, true};
-      if (s < g.num_groups) seg = load_segment(g, s);
-      if (report && !seg.ok && g.error != nullptr) *g.error = 1;
+      if (s < g.num_groups) seg = check_segment(g, s, report ? a.errors : nullptr);
       const int64_t mts = (seg.hi - seg.lo + 127) / 128;
       const int64_t tiles = mts * a.n_tiles;
       int64_t cum = tiles;  // inclusive scan over the window
@@ -621,12 +622,93 @@ Status launch_grouped_sm90(const GroupedGemmParams& p, LaunchContext ctx) {
   args.k_blocks = int32_t(ceil_div<int64_t>(p.k, C::BK));
   args.raster = kRasterRows;
   args.g = p;
+  args.errors = ctx.errors;
   CUtensorMap ta{}, tb{}, tout{};
   const int64_t b_rows = C::B_KMAJOR ? p.n : p.k;
   Status st = make_maps<C>(p.a, p.lda, 0, std::max<int64_t>(p.total_rows, 1), p.k, p.b, p.ldb, p.b_weight_stride,
                            b_rows, p.n, p.num_weights, nullptr, 0, 0, 0, 1, &ta, &tb, &tout);
   if (!st.ok()) return st;
   return launch<C>(args, ta, tb, tout, 1, ctx);
+}
+
+// ---- the partitions of gemm_kernels.h ---------------------------------------------------------
+
+// A tactic's (tile_n, cluster) -> one Sm90Config (the stages of each tile_n: kSm90Shapes,
+// gemm_tactics.cc). Groupwise scaling has BN = 128 only; grouped GEMM has no clusters.
+template <typename TA, typename TB, typename TO, bool GROUPED, ScaleMode SCALE, bool KMAJOR, class P>
+Status sm90_shape(const P& p, const Tactic& t, LaunchContext ctx) {
+  auto run = [&](auto tag) -> Status {
+    using C = typename decltype(tag)::type;
+    if constexpr (GROUPED) {
+      return launch_grouped_sm90<C>(p, ctx);
+    } else {
+      return launch_gemm_sm90<C>(p, ctx);
+    }
+  };
+  if (t.tile_n == 128 && t.cluster_m == 1)
+    return run(TypeTag<Sm90Config<TA, TB, TO, 128, 6, 1, KMAJOR, SCALE, GROUPED>>{});
+  if constexpr (!GROUPED) {
+    if (t.tile_n == 128 && t.cluster_m == 2) {
+      return run(TypeTag<Sm90Config<TA, TB, TO, 128, 6, 2, KMAJOR, SCALE, GROUPED>>{});
+    }
+  }
+  if constexpr (SCALE != ScaleMode::kGroupwise) {
+    if (t.tile_n == 256 && t.cluster_m == 1) {
+      return run(TypeTag<Sm90Config<TA, TB, TO, 256, 4, 1, KMAJOR, SCALE, GROUPED>>{});
+    }
+    if constexpr (!GROUPED) {
+      if (t.tile_n == 256 && t.cluster_m == 2) {
+        return run(TypeTag<Sm90Config<TA, TB, TO, 256, 4, 2, KMAJOR, SCALE, GROUPED>>{});
+      }
+    }
+  }
+  return Status::Error(1, "gemm: no sm90 kernel for tactic " + tactic_name(t));
+}
+
+// 16-bit inputs, out T or float (the only output dtypes invalid() lets through for them).
+template <typename T, bool KMAJOR>
+Status sm90_16bit(const GemmParams& p, const Tactic& t, LaunchContext ctx) {
+  return p.out_dtype == DType::kF32 ? sm90_shape<T, T, float, false, ScaleMode::kNone, KMAJOR>(p, t, ctx)
+                                    : sm90_shape<T, T, T, false, ScaleMode::kNone, KMAJOR>(p, t, ctx);
+}
+
+template <typename T>
+Status run_sm90_kmajor(const GemmParams& p, const Tactic& t, LaunchContext ctx) {
+  return sm90_16bit<T, true>(p, t, ctx);
+}
+
+template <typename T>
+Status run_sm90_nmajor(const GemmParams& p, const Tactic& t, LaunchContext ctx) {
+  return sm90_16bit<T, false>(p, t, ctx);
+}
+
+// fp8: TA x e4m3 (K-major: wgmma takes 8-bit operands K-major only) -> bf16 or f16 (unsupported()
+// routes f32 out and an e5m2 B to the fallback).
+template <typename TA, ScaleMode SCALE>
+Status sm90_fp8(const GemmParams& p, const Tactic& t, LaunchContext ctx) {
+  return p.out_dtype == DType::kF16 ? sm90_shape<TA, e4m3_t, f16_t, false, SCALE, true>(p, t, ctx)
+                                    : sm90_shape<TA, e4m3_t, bf16_t, false, SCALE, true>(p, t, ctx);
+}
+
+template <typename TA>
+Status run_sm90_fp8_tensor(const GemmParams& p, const Tactic& t, LaunchContext ctx) {
+  return sm90_fp8<TA, ScaleMode::kPerTensor>(p, t, ctx);
+}
+
+template <typename TA>
+Status run_sm90_fp8_group(const GemmParams& p, const Tactic& t, LaunchContext ctx) {
+  return sm90_fp8<TA, ScaleMode::kGroupwise>(p, t, ctx);
+}
+
+template <typename T>
+Status run_grouped_sm90(const GroupedGemmParams& p, const Tactic& t, LaunchContext ctx) {
+  const bool kmajor = p.b_layout == BLayout::kKMajor, f32 = p.out_dtype == DType::kF32;
+  if (kmajor) {
+    return f32 ? sm90_shape<T, T, float, true, ScaleMode::kNone, true>(p, t, ctx)
+               : sm90_shape<T, T, T, true, ScaleMode::kNone, true>(p, t, ctx);
+  }
+  return f32 ? sm90_shape<T, T, float, true, ScaleMode::kNone, false>(p, t, ctx)
+             : sm90_shape<T, T, T, true, ScaleMode::kNone, false>(p, t, ctx);
 }
 
 }  // namespace kiln::gemm

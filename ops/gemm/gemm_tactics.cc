@@ -1,6 +1,7 @@
-// //ops/gemm, host side shared by every backend: the tactic list, the support rules of each
-// kernel, argument checks, and the default-tactic heuristic (the one table, default_tactic()).
-// Plain C++ (no CUDA): the same code answers on a CPU-only machine.
+// //ops/gemm, host side shared by every backend and target: the tactic list, the support rules of
+// each kernel, argument checks, the default-tactic heuristic (the one table, default_tactic()) and
+// the rule that picks what a launch runs (choose_tactic()). Plain C++ (no CUDA): the same code
+// answers on a CPU-only machine; a compile unit of every :mm, :fp8 and :grouped module.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -84,7 +85,7 @@ const std::vector<Tactic>& all_tactics() {
     v.push_back({Kernel::kFallback, 0, 0, 0, 0, 1, 1});
     return v;
   }();
-  return list;
+  return list;  // <= kMaxTactics entries (tests/ops/gemm/test_gemm.py checks it)
 }
 
 std::string invalid(const GemmParams& p) {
@@ -109,7 +110,8 @@ std::string invalid(const GemmParams& p) {
   if (p.scale_mode == ScaleMode::kGroupwise && (p.k % kScaleBlock != 0 || p.batch != 1)) {
     return "groupwise scaling needs k a multiple of 128 (got " + str(p.k) + ") and batch 1 (got " + str(p.batch) + ")";
   }
-  if (p.a == nullptr || p.b == nullptr || p.out == nullptr) return "a, b and out must be non-null";
+  // An empty a or b (k == 0) may have no storage at all; out has m x n > 0 elements here.
+  if (p.out == nullptr || (p.k > 0 && (p.a == nullptr || p.b == nullptr))) return "a, b and out must be non-null";
   if (p.k > 0 && p.lda < p.k) return "lda (" + str(p.lda) + ") must be >= k (" + str(p.k) + ")";
   const int64_t b_row = p.b_layout == BLayout::kKMajor ? p.k : p.n;
   if (b_row > 0 && p.ldb < b_row) return "ldb (" + str(p.ldb) + ") must be >= " + str(b_row);
@@ -126,7 +128,7 @@ std::string invalid(const GroupedGemmParams& p) {
   if (!out_ok(p.a_dtype, p.out_dtype)) {
     return std::string("out dtype ") + dtype_name(p.out_dtype) + " is not supported for " + dtype_name(p.a_dtype);
   }
-  if (p.a == nullptr || p.b == nullptr || p.out == nullptr || p.bounds == nullptr) {
+  if (p.out == nullptr || p.bounds == nullptr || (p.k > 0 && (p.a == nullptr || p.b == nullptr))) {
     return "x, weights, out and the segment bounds must be non-null";
   }
   if (p.num_weights <= 0) return "num_weights must be >= 1";
@@ -234,6 +236,59 @@ std::string unsupported(const GroupedGemmParams& p, const Tactic& t, int arch) {
     default:
       return std::string("grouped GEMM has no ") + kernel_name(t.kernel) + " kernel";
   }
+}
+
+namespace {
+
+// choose_tactic() for either kind of problem.
+template <class P>
+int choose(const P& p, int requested, uint64_t blocked, bool strict, int arch, std::string* why,
+           const std::vector<Tactic>& candidates, const Tactic& fallback_default) {
+  const std::vector<Tactic>& all = all_tactics();
+  auto index_of = [&](const Tactic& t) {
+    for (size_t i = 0; i < all.size(); ++i)
+      if (all[i] == t) return int(i);
+    return -1;
+  };
+  auto is_blocked = [&](int i) { return i >= 0 && i < kMaxTactics && ((blocked >> i) & 1u) != 0; };
+  if (std::string bad = invalid(p); !bad.empty()) {
+    *why = bad;
+    return -1;
+  }
+  if (requested >= int(all.size())) {
+    *why = "tactic index " + str(requested) + " is not a tactic (there are " + str(int64_t(all.size())) + ")";
+    return -1;
+  }
+  if (requested >= 0) {
+    const std::string no = unsupported(p, all[size_t(requested)], arch);
+    if (no.empty() && !is_blocked(requested)) return requested;
+    if (strict) {
+      *why = "tactic " + tactic_name(all[size_t(requested)]) + (no.empty() ? " is blocklisted" : ": " + no);
+      return -1;
+    }
+  }
+  const int d = index_of(fallback_default);
+  if (d >= 0 && !is_blocked(d) && unsupported(p, fallback_default, arch).empty()) return d;
+  for (const Tactic& t : candidates) {
+    const int i = index_of(t);
+    if (!is_blocked(i)) return i;
+  }
+  *why = "every tactic that can run this problem is blocklisted (KILN_TACTIC_BLOCKLIST, docs/gemm.md)";
+  return -1;
+}
+
+}  // namespace
+
+int choose_tactic(const GemmParams& p, int requested, uint64_t blocked, bool strict, int arch, std::string* why) {
+  if (!invalid(p).empty()) return choose(p, requested, blocked, strict, arch, why, {}, Tactic{});
+  return choose(p, requested, blocked, strict, arch, why, gemm_tactics(p, arch), default_tactic(p, arch));
+}
+
+int choose_tactic(const GroupedGemmParams& p, int requested, uint64_t blocked, bool strict, int arch,
+                  std::string* why) {
+  if (!invalid(p).empty()) return choose(p, requested, blocked, strict, arch, why, {}, Tactic{});
+  return choose(p, requested, blocked, strict, arch, why, grouped_gemm_tactics(p, arch),
+                default_grouped_tactic(p, arch));
 }
 
 std::vector<Tactic> gemm_tactics(const GemmParams& p, int arch) {

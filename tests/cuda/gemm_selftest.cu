@@ -10,7 +10,10 @@
 // itself is loaded at run time with dlopen, so the binary needs no libcublas to start):
 //
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I. -I$CUBLAS_INC \
-//        tests/cuda/gemm_selftest.cu ops/gemm/gemm_cuda.cu ops/gemm/gemm_tactics.cc -o gemm_selftest -ldl
+//        tests/cuda/gemm_selftest.cu tests/cuda/gemm_selftest_kernels.cu ops/gemm/gemm_device.cu \
+//        ops/gemm/gemm_tactics.cc -o gemm_selftest -ldl
+//
+// (gemm_selftest_kernels.cu holds every dtype's kernels, where a kiln module holds one.)
 //
 // (-gencode=arch=compute_80,code=sm_80 instead builds the sm80 kernels alone.) Run:
 //   gemm_selftest check            correctness grid (exit 1 on any failure)
@@ -725,9 +728,8 @@ void make_grouped(Grouped& G, const std::vector<int64_t>& lens, int64_t n, int64
   G.widx.alloc(size_t(groups * 8 + 8));
   CK(cudaMemcpy(G.widx.p, w.data(), size_t(groups * 8), cudaMemcpyHostToDevice));
   g.weight_indices = G.widx.p, g.weight_indices_type = IndexType::kInt64;
-  G.err.alloc(16);
-  CK(cudaMemset(G.err.p, 0, 16));
-  g.error = static_cast<int32_t*>(G.err.p);
+  G.err.alloc(32);  // the device's index-error record: four int64 (ops/common/device_error.h)
+  CK(cudaMemset(G.err.p, 0, 32));
   // reference segment arrays
   G.lo.alloc(size_t(groups * 8 + 8)), G.hi.alloc(size_t(groups * 8 + 8)), G.wv.alloc(size_t(groups * 8 + 8));
   CK(cudaMemcpy(G.lo.p, lo.data(), size_t(groups * 8), cudaMemcpyHostToDevice));
@@ -754,7 +756,7 @@ void grouped_reference(Grouped& G) {
 bool run_grouped(Grouped& G, const Tactic& t, const std::string& label, bool print_ok) {
   CK(cudaMemset(G.out.p, 0xff, size_t(G.g.total_rows * G.g.n * elem_bytes(G.g.out_dtype))));
   arm(20, label + " " + tactic_name(t));
-  Status st = grouped_gemm(G.g, t, LaunchContext{nullptr, 0});
+  Status st = grouped_gemm(G.g, t, LaunchContext{nullptr, 0, static_cast<int64_t*>(G.err.p)});
   cudaError_t err = cudaDeviceSynchronize();
   if (!st.ok() || err != cudaSuccess) {
     std::printf("  FAIL %-44s %-28s launch: %s %s\n", label.c_str(), tactic_name(t).c_str(), st.message.c_str(),
@@ -765,14 +767,14 @@ bool run_grouped(Grouped& G, const Tactic& t, const std::string& label, bool pri
   }
   const Check c = compare(G.g.out, G.g.out_dtype, G.g.ldo, 0, static_cast<float*>(G.ref.p), G.g.total_rows, G.g.n, 1,
                           tolerance_for(G.g.out_dtype, false));
-  int32_t flag = 0;
-  CK(cudaMemcpy(&flag, G.err.p, 4, cudaMemcpyDeviceToHost));
+  int64_t flag = 0;  // the error code recorded, 0 for none
+  CK(cudaMemcpy(&flag, G.err.p, 8, cudaMemcpyDeviceToHost));
   ++g_kernel_runs[std::string("grouped_") + kernel_name(t.kernel)];
   const bool ok = c.ok && flag == 0;
   (ok ? g_pass : g_fail)++;
   if (!ok || print_ok) {
-    std::printf("  %s %-44s %-28s %s flag %d\n", ok ? "ok  " : "FAIL", label.c_str(), tactic_name(t).c_str(),
-                c.text().c_str(), flag);
+    std::printf("  %s %-44s %-28s %s error %lld\n", ok ? "ok  " : "FAIL", label.c_str(), tactic_name(t).c_str(),
+                c.text().c_str(), (long long)flag);
   }
   return ok;
 }
@@ -800,7 +802,7 @@ void check_grouped() {
                         offs ? "offs" : "indptr", dtype_name(out));
           for (const Tactic& t : grouped_gemm_tactics(G.g, g_arch)) run_grouped(G, t, label, false);
         }
-  // A weight index out of range: the segment is skipped (rows stay poisoned) and the flag is set.
+  // A weight index out of range: the segment is skipped (rows stay poisoned) and recorded.
   make_grouped(G, {100, 50}, 128, 64, 2, BLayout::kKMajor, false, DType::kBF16, 5, 0);
   const int64_t bad[2] = {0, 7};
   CK(cudaMemcpy(G.widx.p, bad, 16, cudaMemcpyHostToDevice));
@@ -808,19 +810,22 @@ void check_grouped() {
   CK(cudaMemcpy(G.wv.p, none, 16, cudaMemcpyHostToDevice));  // reference: segment 1 has no weight
   grouped_reference(G);
   for (const Tactic& t : grouped_gemm_tactics(G.g, g_arch)) {
-    CK(cudaMemset(G.err.p, 0, 4));
+    CK(cudaMemset(G.err.p, 0, 32));
     CK(cudaMemset(G.out.p, 0xff, size_t(G.g.total_rows * G.g.n * 2)));
-    Status st = grouped_gemm(G.g, t, LaunchContext{nullptr, 0});
+    Status st = grouped_gemm(G.g, t, LaunchContext{nullptr, 0, static_cast<int64_t*>(G.err.p)});
     CK(cudaDeviceSynchronize());
-    int32_t flag = 0;
-    CK(cudaMemcpy(&flag, G.err.p, 4, cudaMemcpyDeviceToHost));
+    int64_t record[4] = {};
+    CK(cudaMemcpy(record, G.err.p, 32, cudaMemcpyDeviceToHost));
     // Rows of segment 1 must be untouched: compare against a reference where they are NaN.
     const Check c = compare(G.g.out, G.g.out_dtype, G.g.ldo, 0, static_cast<float*>(G.ref.p), G.g.total_rows, G.g.n, 1,
                             tolerance_for(G.g.out_dtype, false));
-    const bool ok = st.ok() && flag == 1 && c.ok;
+    const bool recorded =
+        record[0] == int64_t(ErrorCode::kWeightIndex) && record[1] == 1 && record[2] == 7 && record[3] == 2;
+    const bool ok = st.ok() && recorded && c.ok;
     (ok ? g_pass : g_fail)++;
-    std::printf("  %s bad weight index -> flag %d, segment skipped (%s) %s\n", ok ? "ok  " : "FAIL", flag,
-                c.text().c_str(), tactic_name(t).c_str());
+    std::printf("  %s bad weight index -> %s, segment skipped (%s) %s\n", ok ? "ok  " : "FAIL",
+                index_error(ErrorCode(record[0]), record[1], record[2], record[3]).c_str(), c.text().c_str(),
+                tactic_name(t).c_str());
   }
 }
 
