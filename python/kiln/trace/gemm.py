@@ -56,9 +56,16 @@ QWEN3_30B_A3B = (
 )
 
 
-def operand(shape, k: int, gen: torch.Generator) -> torch.Tensor:
-    """Standard normal / k^(1/4), in float32: two of them multiply to outputs ~N(0, 1)."""
-    return torch.randn(shape, generator=gen) / k**0.25
+def operand(shape, k: int, gen: torch.Generator, device="cpu") -> torch.Tensor:
+    """Standard normal / k^(1/4), in float32: two of them multiply to outputs ~N(0, 1). On a GPU the
+    values are drawn there (a generator seeded from `gen`): the largest workloads hold ~0.6 G
+    elements, which the CPU would take seconds to draw."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        seed = int(torch.randint(2**62, (1,), generator=gen))
+        local = torch.Generator(device=device).manual_seed(seed)
+        return torch.randn(shape, generator=local, device=device) / max(k, 1) ** 0.25
+    return torch.randn(shape, generator=gen) / max(k, 1) ** 0.25
 
 
 def dense_examples() -> tuple[Example, ...]:
@@ -94,7 +101,7 @@ def mm_inputs(t, axes, dtype, device, gen):
     weight (column-major)."""
     m, n, k = axes["m"], axes["n"], axes["k"]
     dt = getattr(torch, dtype)
-    return {"a": operand((m, k), k, gen).to(device, dt), "b": operand((n, k), k, gen).to(device, dt).t()}
+    return {"a": operand((m, k), k, gen, device).to(dt), "b": operand((n, k), k, gen, device).to(dt).t()}
 
 
 MM_BF16 = TraceTemplate(
@@ -121,8 +128,8 @@ def bmm_inputs(t, axes, dtype, device, gen):
     b, m, n, k = axes["batch"], axes["m"], axes["n"], axes["k"]
     dt = getattr(torch, dtype)
     return {
-        "A": operand((b, m, k), k, gen).to(device, dt),
-        "B": operand((b, n, k), k, gen).to(device, dt).transpose(1, 2),
+        "A": operand((b, m, k), k, gen, device).to(dt),
+        "B": operand((b, n, k), k, gen, device).to(dt).transpose(1, 2),
     }
 
 
@@ -198,8 +205,8 @@ def bmm_fp8_inputs(t, axes, dtype, device, gen):
     """Per-tensor quantized A (e4m3) and B (e4m3, column-major [batch, k, n]) with their scales."""
     b, m, n, k = axes["batch"], axes["m"], axes["n"], axes["k"]
     fp8 = torch.float8_e4m3fn
-    a, a_scale = quantize_tensor(operand((b, m, k), k, gen), fp8)
-    w, b_scale = quantize_tensor(operand((b, n, k), k, gen), fp8)
+    a, a_scale = quantize_tensor(operand((b, m, k), k, gen, device), fp8)
+    w, b_scale = quantize_tensor(operand((b, n, k), k, gen, device), fp8)
     return {
         "A": a.to(device),
         "B": w.to(device).transpose(1, 2),
@@ -281,8 +288,8 @@ def groupwise_inputs(t, axes, dtype, device, gen):
     the "MN" layout (FlashInfer's default): a_scale [k/128, m], b_scale [k/128, ceil(n/128)]."""
     m, n, k = axes["m"], axes["n"], axes["k"]
     fp8 = torch.float8_e4m3fn
-    a, a_scale = quantize_blocks(operand((m, k), k, gen), 1, fp8)
-    b, b_scale = quantize_blocks(operand((n, k), k, gen), SCALE_BLOCK, fp8)
+    a, a_scale = quantize_blocks(operand((m, k), k, gen, device), 1, fp8)
+    b, b_scale = quantize_blocks(operand((n, k), k, gen, device), SCALE_BLOCK, fp8)
     return {
         "a": a.to(device),
         "b": b.to(device),
@@ -393,8 +400,8 @@ def segment_gemm_inputs(t, axes, dtype, device, gen):
     dt = getattr(torch, dtype)
     lens = segment_lengths(rows, e, gen)
     return {
-        "x": operand((rows, k), k, gen).to(device, dt),
-        "weights": operand((e, n, k), k, gen).to(device, dt),
+        "x": operand((rows, k), k, gen, device).to(dt),
+        "weights": operand((e, n, k), k, gen, device).to(dt),
         "seg_indptr": torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(device),
     }
 
@@ -446,8 +453,8 @@ def grouped_mm_inputs(t, axes, dtype, device, gen):
     dt = getattr(torch, dtype)
     lens = segment_lengths(rows, e, gen)
     return {
-        "a": operand((rows, k), k, gen).to(device, dt),
-        "b": operand((e, n, k), k, gen).to(device, dt).transpose(1, 2),
+        "a": operand((rows, k), k, gen, device).to(dt),
+        "b": operand((e, n, k), k, gen, device).to(dt).transpose(1, 2),
         "offs": lens.cumsum(0).to(device=device, dtype=torch.int32),
     }
 

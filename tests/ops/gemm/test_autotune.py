@@ -31,7 +31,7 @@ def _fresh_tuner():
 
 
 def mm_module(device="cpu"):
-    return _jit.module(kiln.gemm.MM, torch.device(device), "test", dtype=BF16)
+    return _jit.module(kiln.gemm.MM, torch.empty(0, device=device).device, "test", dtype=BF16)
 
 
 def operands(m, n, k, device="cpu", seed=0):

@@ -45,7 +45,8 @@ def close(got, want, dtype, tol=None):
 
 
 def module(label, device, dtype):
-    return _jit.module(label, torch.device(device), "test", dtype=dtype)
+    """The module an API call on `device` uses (cuda means cuda:0, as a tensor's device says)."""
+    return _jit.module(label, torch.empty(0, device=device).device, "test", dtype=dtype)
 
 
 def weight(n, k, dtype, device, g, layout):
@@ -264,7 +265,7 @@ def test_every_tactic_that_can_run_a_call_matches_the_reference(device):
         assert len(candidates) >= 2
         for i in candidates:
             out.fill_(float("nan"))
-            assert mod.mm(**args, tactic=i, strict=True, stream=_jit.stream_of(torch.device(device))) == i
+            assert mod.mm(**args, tactic=i, strict=True, stream=_jit.stream_of(a.device)) == i
             close(out, want, BF16)
 
 
@@ -466,6 +467,21 @@ def test_grouped_mm_matches_the_reference(device, lens):
         ref.grouped_mm_reference_float(a, b, offs, torch.float64),
         F32,
     )
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lens=st.lists(st.integers(0, 40), min_size=1, max_size=9), n=st.integers(1, 48), k=st.integers(0, 160),
+       column_major=st.booleans(), indexed=st.booleans(), seed=st.integers(0, 2**16))
+def test_segment_gemm_any_segmentation_property(lens, n, k, column_major, indexed, seed):
+    """Any segment lengths (empty ones included), n, k, weight layout, with or without weight
+    indices: the reference, on the host backend."""
+    g = gen(seed)
+    x, w, indptr = segments(lens, k, n, BF16, "cpu", g, num_weights=3 if indexed else None,
+                            column_major=column_major)
+    idx = torch.randint(3, (len(lens),), generator=g) if indexed else None
+    out = kiln.SegmentGEMMWrapper(torch.empty(1)).run(x, w, len(lens), column_major, seg_indptr=indptr,
+                                                      weight_indices=idx)
+    close(out, ref.segment_gemm_reference_float(x, w, indptr, column_major, idx, torch.float64), BF16)
 
 
 @pytest.mark.parametrize("device", device_params())
