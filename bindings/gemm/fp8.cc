@@ -1,9 +1,9 @@
 // //ops/gemm:fp8 launcher: fp8 GEMM with per-tensor scales (bmm_fp8) or groupwise 1 x 128 x 128
 // scales (gemm_fp8_nt_groupwise), ops/gemm/gemm.h GemmParams. Keyword-only arguments:
 //
-//   gemm_fp8(*, a, b, out, a_scale, b_scale, scale_mode, tactic=-1, strict=False, blocked=0,
-//            stream=0) -> int                                     the tactic index run
-//   gemm_fp8_tactics(*, a, b, out, a_scale, b_scale, scale_mode) -> (default, [candidates])
+//   gemm_fp8(*, a, b, out, a_scale, b_scale, scale_mode, a_as="", b_as="", tactic=-1, strict=False,
+//            blocked=0, stream=0) -> int                         the tactic index run
+//   gemm_fp8_tactics(*, a, b, out, a_scale, b_scale, scale_mode, a_as="", b_as="") -> (default, [candidates])
 //
 // a [.., m, k] of the module's fp8 dtype, row-major; b [.., k, n] e4m3 or e5m2, column-major (the
 // transpose view of a contiguous [.., n, k]: K-major, what FlashInfer requires and what wgmma reads
@@ -13,6 +13,8 @@
 //     b_scale * a @ b); 2-D or 3-D.
 //   scale_mode "MN" / "K" (2-D, k a multiple of 128): groupwise, kb = k / 128, nb = ceil(n / 128):
 //     "MN": a_scale [kb, m], b_scale [kb, nb];  "K": a_scale [m, kb], b_scale [nb, kb]; any strides.
+// a_as / b_as ("e4m3", "e5m2", or "" for none): a uint8 view of the operand stands for that fp8
+// type (for a torch whose DLPack export has no fp8 codes; kiln/gemm.py passes them only then).
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -49,16 +51,28 @@ void check_scale_shape(const TensorView& t, int64_t d0, int64_t d1, const std::s
   }
 }
 
+// A uint8 view standing for an fp8 operand: its dtype as the kernels read it.
+void reinterpret(TensorView& t, const std::string& as) {
+  if (as.empty()) return;
+  if (as != "e4m3" && as != "e5m2") kb::value_error(t.name + "_as must be '', 'e4m3' or 'e5m2', got '" + as + "'");
+  if (t.dtype != kiln::dl::DataType{kiln::dl::kUInt, 8, 1}) {
+    kb::type_error(t.name + " must be a uint8 view when " + t.name + "_as is given, got " + kb::dtype_str(t.dtype));
+  }
+  t.dtype = as == "e4m3" ? kE4M3 : kE5M2;
+}
+
 Problem problem(py::handle a_obj, py::handle b_obj, py::handle out_obj, py::handle as_obj, py::handle bs_obj,
-                const std::string& mode) {
+                const std::string& mode, const std::string& a_as, const std::string& b_as) {
   if (mode != "tensor" && mode != "MN" && mode != "K") {
     kb::value_error("scale_mode must be 'tensor', 'MN' or 'K', got '" + mode + "'");
   }
   const bool groupwise = mode != "tensor";
   Problem pr;
   pr.a = input_view(a_obj, "a", nullptr, 2, groupwise ? 2 : 3);
+  reinterpret(pr.a, a_as);
   kb::check_dtype(pr.a, kDType, module_what());
   pr.b = input_view(b_obj, "b", &pr.a, pr.a.ndim, pr.a.ndim);
+  reinterpret(pr.b, b_as);
   if (pr.b.dtype != kE4M3 && pr.b.dtype != kE5M2) {
     kb::type_error("b.dtype must be float8_e4m3fn or float8_e5m2, got " + kb::dtype_str(pr.b.dtype));
   }
@@ -125,8 +139,9 @@ Problem problem(py::handle a_obj, py::handle b_obj, py::handle out_obj, py::hand
 }
 
 int gemm_fp8(py::handle a, py::handle b, py::handle out, py::handle a_scale, py::handle b_scale,
-             const std::string& scale_mode, int tactic, bool strict, uint64_t blocked, uintptr_t stream) {
-  const Problem pr = problem(a, b, out, a_scale, b_scale, scale_mode);
+             const std::string& scale_mode, const std::string& a_as, const std::string& b_as, int tactic, bool strict,
+             uint64_t blocked, uintptr_t stream) {
+  const Problem pr = problem(a, b, out, a_scale, b_scale, scale_mode, a_as, b_as);
   const int index = pick_tactic(pr.p, tactic, blocked, strict, pr.a);
   count_launch(index);
   kiln::Status st;
@@ -139,8 +154,9 @@ int gemm_fp8(py::handle a, py::handle b, py::handle out, py::handle a_scale, py:
 }
 
 std::pair<int, std::vector<int>> gemm_fp8_tactics(py::handle a, py::handle b, py::handle out, py::handle a_scale,
-                                                  py::handle b_scale, const std::string& scale_mode) {
-  const Problem pr = problem(a, b, out, a_scale, b_scale, scale_mode);
+                                                  py::handle b_scale, const std::string& scale_mode,
+                                                  const std::string& a_as, const std::string& b_as) {
+  const Problem pr = problem(a, b, out, a_scale, b_scale, scale_mode, a_as, b_as);
   return tactic_candidates(pr.p, pr.a);
 }
 
@@ -150,10 +166,10 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
   m.doc() = "kiln //ops/gemm:fp8 launcher (bmm_fp8, gemm_fp8_nt_groupwise) for one A dtype and backend";
   export_common(m);
   m.def("gemm_fp8", &gemm_fp8, py::kw_only(), py::arg("a"), py::arg("b"), py::arg("out"), py::arg("a_scale"),
-        py::arg("b_scale"), py::arg("scale_mode"), py::arg("tactic") = -1, py::arg("strict") = false,
-        py::arg("blocked") = 0, py::arg("stream") = 0,
+        py::arg("b_scale"), py::arg("scale_mode"), py::arg("a_as") = "", py::arg("b_as") = "", py::arg("tactic") = -1,
+        py::arg("strict") = false, py::arg("blocked") = 0, py::arg("stream") = 0,
         "out = scaled a @ b (per-tensor or groupwise scales, float32 accumulation); returns the tactic index run");
   m.def("gemm_fp8_tactics", &gemm_fp8_tactics, py::kw_only(), py::arg("a"), py::arg("b"), py::arg("out"),
-        py::arg("a_scale"), py::arg("b_scale"), py::arg("scale_mode"),
+        py::arg("a_scale"), py::arg("b_scale"), py::arg("scale_mode"), py::arg("a_as") = "", py::arg("b_as") = "",
         "(default tactic index, indices of every tactic that can run this call)");
 }

@@ -205,6 +205,24 @@ def bmm_bf16(
 # --- fp8: bmm_fp8, gemm_fp8_nt_groupwise -----------------------------------------------------------
 
 
+_fp8_dlpack: bool | None = None  # does this torch export fp8 tensors through DLPack?
+
+
+def _fp8_dl(t: torch.Tensor):
+    """(DLPack capsule, "") of an fp8 tensor; where this torch's DLPack export has no fp8 codes
+    (DLPack 1.1's), a uint8 view of it and the fp8 type it stands for ("e4m3", "e5m2")."""
+    global _fp8_dlpack
+    if _fp8_dlpack is None:
+        try:
+            _jit.dl(torch.empty(1, dtype=torch.float8_e4m3fn))
+            _fp8_dlpack = True
+        except (RuntimeError, TypeError, BufferError):
+            _fp8_dlpack = False
+    if _fp8_dlpack:
+        return _jit.dl(t), ""
+    return _jit.dl(t.view(torch.uint8)), _SHORT[t.dtype]
+
+
 @custom_op("gemm_fp8", mutates=("out",))
 def _fp8_op(
     out: torch.Tensor,
@@ -220,13 +238,16 @@ def _fp8_op(
         FP8, device, api, dtype=a.dtype, names={"dtype": "A.dtype" if scale_mode == "tensor" else "a.dtype"}
     )
     dl, stream = _jit.dl, _jit.stream_of(device)
+    (a_dl, a_as), (b_dl, b_as) = _fp8_dl(a), _fp8_dl(b)
     args = {
-        "a": dl(a),
-        "b": dl(b),
+        "a": a_dl,
+        "b": b_dl,
         "out": dl(out),
         "a_scale": dl(a_scale),
         "b_scale": dl(b_scale),
         "scale_mode": scale_mode,
+        "a_as": a_as,
+        "b_as": b_as,
     }
 
     def shape():

@@ -352,6 +352,33 @@ def test_bmm_fp8_refuses_a_row_major_b_as_flashinfer_requires(device):
         kiln.bmm_fp8(A, B[:, :32], sa, sb, BF16)
 
 
+@pytest.mark.parametrize("device", device_params())
+def test_fp8_through_uint8_views(device, monkeypatch):
+    """Where torch's DLPack export has no fp8 codes, the fp8 operands travel as uint8 views with
+    the type they stand for (a_as, b_as): the same result."""
+    g = gen(26)
+    A, B, sa, sb = fp8_operands(1, 9, 40, 64, E5M2, E4M3, device, g)
+    native = kiln.bmm_fp8(A, B, sa, sb, BF16)
+    monkeypatch.setattr(kiln.gemm, "_fp8_dlpack", False)
+    assert torch.equal(kiln.bmm_fp8(A, B, sa, sb, BF16), native)
+    mod = module(kiln.gemm.FP8, device, E5M2)
+    out = torch.empty_like(native)
+    args = {
+        "a": _jit.dl(A.view(torch.uint8)),
+        "b": _jit.dl(B.view(torch.uint8)),
+        "out": _jit.dl(out),
+        "a_scale": _jit.dl(sa),
+        "b_scale": _jit.dl(sb),
+        "scale_mode": "tensor",
+    }
+    with pytest.raises(
+        TypeError, match=r"a.dtype must be float8_e5m2 \(this module is gemm_fp8_dtype_e5m2\)"
+    ):
+        mod.gemm_fp8(**args)
+    with pytest.raises(ValueError, match="a_as must be '', 'e4m3' or 'e5m2'"):
+        mod.gemm_fp8(**args, a_as="e3m4")
+
+
 def groupwise_operands(m, n, k, mode, device, g, a_dtype=E4M3, b_dtype=E4M3):
     a, sa = ref.quantize_blocks(ref.operand((m, k), k, g), 1, a_dtype)
     b, sb = ref.quantize_blocks(ref.operand((n, k), k, g), ref.SCALE_BLOCK, b_dtype)
@@ -470,17 +497,25 @@ def test_grouped_mm_matches_the_reference(device, lens):
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(lens=st.lists(st.integers(0, 40), min_size=1, max_size=9), n=st.integers(1, 48), k=st.integers(0, 160),
-       column_major=st.booleans(), indexed=st.booleans(), seed=st.integers(0, 2**16))
+@given(
+    lens=st.lists(st.integers(0, 40), min_size=1, max_size=9),
+    n=st.integers(1, 48),
+    k=st.integers(0, 160),
+    column_major=st.booleans(),
+    indexed=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 def test_segment_gemm_any_segmentation_property(lens, n, k, column_major, indexed, seed):
     """Any segment lengths (empty ones included), n, k, weight layout, with or without weight
     indices: the reference, on the host backend."""
     g = gen(seed)
-    x, w, indptr = segments(lens, k, n, BF16, "cpu", g, num_weights=3 if indexed else None,
-                            column_major=column_major)
+    x, w, indptr = segments(
+        lens, k, n, BF16, "cpu", g, num_weights=3 if indexed else None, column_major=column_major
+    )
     idx = torch.randint(3, (len(lens),), generator=g) if indexed else None
-    out = kiln.SegmentGEMMWrapper(torch.empty(1)).run(x, w, len(lens), column_major, seg_indptr=indptr,
-                                                      weight_indices=idx)
+    out = kiln.SegmentGEMMWrapper(torch.empty(1)).run(
+        x, w, len(lens), column_major, seg_indptr=indptr, weight_indices=idx
+    )
     close(out, ref.segment_gemm_reference_float(x, w, indptr, column_major, idx, torch.float64), BF16)
 
 
