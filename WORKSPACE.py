@@ -43,6 +43,8 @@ AXIS_TABLES = {
         "f32": "float",
         "f16": "kiln::f16_t",
         "bf16": "kiln::bf16_t",
+        "e4m3": "kiln::e4m3_t",  # fp8 E4M3 "fn" (torch.float8_e4m3fn): GEMM inputs
+        "e5m2": "kiln::e5m2_t",  # fp8 E5M2 (torch.float8_e5m2)
     },
 }
 

@@ -20,6 +20,8 @@ enum TypeCode : uint8_t {
   kFloat = 2,
   kBfloat = 4,
   kBool = 6,
+  kFloat8E4M3FN = 10,  // DLPack 1.1 kDLFloat8_e4m3fn (torch.float8_e4m3fn)
+  kFloat8E5M2 = 12,    // DLPack 1.1 kDLFloat8_e5m2 (torch.float8_e5m2)
 };
 
 struct Device {

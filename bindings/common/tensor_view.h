@@ -36,6 +36,14 @@ template <>
 constexpr dl::DataType dl_dtype<bf16_t>() {
   return {dl::kBfloat, 16, 1};
 }
+template <>
+constexpr dl::DataType dl_dtype<e4m3_t>() {
+  return {dl::kFloat8E4M3FN, 8, 1};
+}
+template <>
+constexpr dl::DataType dl_dtype<e5m2_t>() {
+  return {dl::kFloat8E5M2, 8, 1};
+}
 
 // "bfloat16", "float32", ...: the names torch and numpy users read.
 inline std::string dtype_str(dl::DataType t) {
@@ -55,6 +63,10 @@ inline std::string dtype_str(dl::DataType t) {
       break;
     case dl::kBool:
       return "bool";
+    case dl::kFloat8E4M3FN:
+      return "float8_e4m3fn";
+    case dl::kFloat8E5M2:
+      return "float8_e5m2";
     default:
       base = "dtype(code=" + std::to_string(t.code) + ")";
   }

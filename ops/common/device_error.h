@@ -1,5 +1,6 @@
 // Index errors found on the device: a kernel that reads an index out of its range (a page id past
-// the cache, a batch index past the batch, a position past the request's length) records the first
+// the cache, a batch index past the batch, a position past the request's length, a GEMM segment
+// past the rows of its input, a weight index past the weights) records the first
 // one in a small per-device record and skips the work that index would have done, so it never
 // reads or writes memory it does not own. The Python side reads the record (kiln.check_errors,
 // a later plan(), or after every call with KILN_VALIDATE_INDICES=1) and raises a clear error.
@@ -27,6 +28,9 @@ enum class ErrorCode : int64_t {
   kLastPageLen = 5,       // kv_last_page_len[b] is outside [1, page_size]
   kAppendIndptr = 6,      // append_indptr does not cover [0, nnz) in order
   kNegativePosition = 7,  // seq_lens[b] is shorter than what request b appends
+  kSegmentEnd = 8,        // a grouped GEMM's segment ends past the rows of its input
+  kSegmentStart = 9,      // a grouped GEMM's segment starts below 0 or after its own end
+  kWeightIndex = 10,      // weight_indices[s] is not a weight of the grouped GEMM
 };
 
 // The message of each code, with {position}, {value} and {bound} filled in by the reader. The
@@ -52,6 +56,13 @@ inline constexpr ErrorText kErrorTexts[] = {
      "request"},
     {ErrorCode::kNegativePosition,
      "seq_lens[{position}] = {value} is shorter than the {bound} token(s) request {position} appends"},
+    {ErrorCode::kSegmentEnd,
+     "segment {position} ends at row {value}, past the {bound} rows of the input: the segment bounds "
+     "(seg_indptr, seg_lens or offs) do not fit it"},
+    {ErrorCode::kSegmentStart,
+     "segment {position} starts at row {value}, outside [0, {bound}] (0 to its own end): segment bounds "
+     "must start at 0 and never decrease"},
+    {ErrorCode::kWeightIndex, "weight_indices[{position}] = {value} is not a weight: valid are [0, {bound})"},
 };
 
 // Record the first error of a launch (later ones are dropped: one clear message is enough).

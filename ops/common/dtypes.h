@@ -2,11 +2,16 @@
 //
 //   kiln::f16_t   IEEE binary16     (__half under nvcc; a 16-bit storage struct otherwise)
 //   kiln::bf16_t  bfloat16          (__nv_bfloat16 under nvcc; a 16-bit storage struct otherwise)
+//   kiln::e4m3_t  fp8 E4M3 "fn"     (__nv_fp8_e4m3 under nvcc; an 8-bit storage struct otherwise):
+//                 bias 7, no infinities, S.1111.111 is NaN, largest finite 448 (torch.float8_e4m3fn)
+//   kiln::e5m2_t  fp8 E5M2          (__nv_fp8_e5m2 under nvcc; an 8-bit storage struct otherwise):
+//                 bias 15, IEEE-style infinities and NaNs, largest finite 57344 (torch.float8_e5m2)
 //   float         binary32
 //
 // Convert<T>::to_float / from_float convert with round-to-nearest-even, the rounding torch uses,
-// so the CPU backend produces the same bits as a float32 computation rounded by torch. Framework
-// free: no torch, no pybind11, no DLPack here.
+// so the CPU backend produces the same bits as a float32 computation rounded by torch. The fp8
+// types are inputs only (GEMM operands): their host Convert has to_float alone, an exact decode.
+// Framework free: no torch, no pybind11, no DLPack here.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +22,7 @@
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #endif
 
 namespace kiln {
@@ -28,16 +34,27 @@ struct host_f16 {
 struct host_bf16 {
   uint16_t bits;
 };
+struct host_e4m3 {
+  uint8_t bits;
+};
+struct host_e5m2 {
+  uint8_t bits;
+};
 
 #if defined(__CUDACC__)
 using f16_t = __half;
 using bf16_t = __nv_bfloat16;
+using e4m3_t = __nv_fp8_e4m3;
+using e5m2_t = __nv_fp8_e5m2;
 #else
 using f16_t = host_f16;
 using bf16_t = host_bf16;
+using e4m3_t = host_e4m3;
+using e5m2_t = host_e5m2;
 #endif
 
 static_assert(sizeof(f16_t) == 2 && sizeof(bf16_t) == 2, "16-bit element types");
+static_assert(sizeof(e4m3_t) == 1 && sizeof(e5m2_t) == 1, "8-bit element types");
 
 namespace detail {
 
@@ -106,6 +123,33 @@ inline float bf16_bits_to_float(uint16_t b) {
   return detail::bits_float(static_cast<uint32_t>(b) << 16);
 }
 
+// fp8 -> float, exact (every fp8 value is a float). E4M3 "fn": exponent bias 7, subnormals
+// m * 2^-9, no infinities, exponent and mantissa all ones (0x7f, 0xff) is NaN.
+inline float e4m3_bits_to_float(uint8_t b) {
+  const uint32_t sign = static_cast<uint32_t>(b & 0x80u) << 24;
+  const uint32_t exp = (b >> 3) & 0xfu;
+  const uint32_t man = b & 0x7u;
+  if (exp == 0xfu && man == 0x7u) return detail::bits_float(sign | 0x7fc00000u);
+  if (exp == 0) {
+    const float mag = static_cast<float>(man) * 0.001953125f;  // man * 2^-9
+    return sign ? -mag : mag;
+  }
+  return detail::bits_float(sign | ((exp + 120u) << 23) | (man << 20));  // rebias 7 -> 127
+}
+
+// E5M2: exponent bias 15, subnormals m * 2^-16, exponent all ones: infinity (mantissa 0) or NaN.
+inline float e5m2_bits_to_float(uint8_t b) {
+  const uint32_t sign = static_cast<uint32_t>(b & 0x80u) << 24;
+  const uint32_t exp = (b >> 2) & 0x1fu;
+  const uint32_t man = b & 0x3u;
+  if (exp == 0x1fu) return detail::bits_float(sign | 0x7f800000u | (man << 21));
+  if (exp == 0) {
+    const float mag = static_cast<float>(man) * 1.52587890625e-05f;  // man * 2^-16
+    return sign ? -mag : mag;
+  }
+  return detail::bits_float(sign | ((exp + 112u) << 23) | (man << 21));  // rebias 15 -> 127
+}
+
 // Conversions between an element type and float, usable in device and host code.
 template <typename T>
 struct Convert;
@@ -128,6 +172,16 @@ struct Convert<host_bf16> {
   static inline host_bf16 from_float(float x) { return host_bf16{float_to_bf16_bits(x)}; }
 };
 
+template <>
+struct Convert<host_e4m3> {
+  static inline float to_float(host_e4m3 x) { return e4m3_bits_to_float(x.bits); }
+};
+
+template <>
+struct Convert<host_e5m2> {
+  static inline float to_float(host_e5m2 x) { return e5m2_bits_to_float(x.bits); }
+};
+
 #if defined(__CUDACC__)
 template <>
 struct Convert<__half> {
@@ -139,6 +193,16 @@ template <>
 struct Convert<__nv_bfloat16> {
   static KILN_HOST_DEVICE float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
   static KILN_HOST_DEVICE __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+};
+
+template <>
+struct Convert<__nv_fp8_e4m3> {
+  static KILN_HOST_DEVICE float to_float(__nv_fp8_e4m3 x) { return static_cast<float>(x); }
+};
+
+template <>
+struct Convert<__nv_fp8_e5m2> {
+  static KILN_HOST_DEVICE float to_float(__nv_fp8_e5m2 x) { return static_cast<float>(x); }
 };
 #endif
 
@@ -156,6 +220,14 @@ constexpr const char* dtype_name<f16_t>() {
 template <>
 constexpr const char* dtype_name<bf16_t>() {
   return "bf16";
+}
+template <>
+constexpr const char* dtype_name<e4m3_t>() {
+  return "e4m3";
+}
+template <>
+constexpr const char* dtype_name<e5m2_t>() {
+  return "e5m2";
 }
 
 }  // namespace kiln

@@ -108,6 +108,85 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
+// ---- TMA: multicast loads and stores (used by ops/gemm) ---------------------------------------
+
+// tma_load_3d into the same shared-memory offset of every CTA of the cluster named in `mask` (bit
+// r = cluster rank r); each destination CTA's mbarrier at `bar`'s offset counts the bytes.
+__device__ __forceinline__ void tma_load_3d_multicast(void* dst, const void* map, uint64_t* bar, uint16_t mask, int c0,
+                                                      int c1, int c2) {
+#if defined(KILN_SM90A)
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%4, "
+      "%5, %6}], [%2], %3;" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "h"(mask), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+#endif
+}
+
+// Shared memory -> the box of a 3-D tensor map at (c0, c1, c2); parts of the box outside the
+// tensor are not written. Completion is tracked per thread in bulk groups (commit / wait below).
+__device__ __forceinline__ void tma_store_3d(const void* map, const void* src, int c0, int c1, int c2) {
+#if defined(KILN_SM90A)
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ void tma_store_commit() {
+#if defined(KILN_SM90A)
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+#endif
+}
+
+// Waits until at most N of this thread's bulk groups still read their shared-memory source.
+template <int N>
+__device__ __forceinline__ void tma_store_wait_read() {
+#if defined(KILN_SM90A)
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+#endif
+}
+
+// Waits until at most N of this thread's bulk groups are incomplete (writes visible in global).
+template <int N>
+__device__ __forceinline__ void tma_store_wait() {
+#if defined(KILN_SM90A)
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+// ---- clusters ----------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r = 0;
+#if defined(KILN_SM90A)
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+  return r;
+}
+
+// Every thread of every CTA of the cluster arrives, then waits for all of them (release/acquire:
+// shared-memory writes and barrier inits before it are visible cluster-wide after it).
+__device__ __forceinline__ void cluster_sync() {
+#if defined(KILN_SM90A)
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// One arrival on the mbarrier at `bar`'s offset in the shared memory of cluster CTA `cta`
+// (default semantics, as CUTLASS's ClusterBarrier::arrive: .release.cluster compiles to a
+// MEMBAR.ALL.GPU before every arrival).
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
+#if defined(KILN_SM90A)
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\nmbarrier.arrive.shared::cluster.b64 _, "
+      "[remote];\n}" ::"r"(smem_u32(bar)),
+      "r"(cta)
+      : "memory");
+#endif
+}
+
 // ---- registers ---------------------------------------------------------------------------------
 
 template <int N>
@@ -288,6 +367,76 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
   __trap();
 #endif
 }
+
+// The same as wgmma_ss for 16-bit types, with B MN-major when TRANS_B (the transpose immediate;
+// A stays K-major). Used by ops/gemm for a row-major [k, n] B.
+#define KILN_WGMMA_SST(NN, TY, P, D, IA, IB, IS, IT)                                                 \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" IS                                               \
+               ", 0;\n"                                                                              \
+               "wgmma.mma_async.sync.aligned.m64n" NN "k16.f32." TY "." TY " {" P "}, %" IA ", %" IB \
+               ", p, 1, 1, 0, %" IT ";\n}\n"                                                         \
+               : D                                                                                   \
+               : "l"(a), "l"(b), "r"(scale_d), "n"(TRANS_B ? 1 : 0))
+
+template <typename T, int N, bool TRANS_B>
+__device__ __forceinline__ void wgmma_ss_tb(float (&d)[N / 2], uint64_t a, uint64_t b, int scale_d) {
+  static_assert(std::is_same_v<T, bf16_t> || std::is_same_v<T, f16_t>, "wgmma: 16-bit types");
+  static_assert(N == 128 || N == 256, "wgmma_ss_tb N");
+#if defined(KILN_SM90A)
+  constexpr bool BF16 = std::is_same_v<T, bf16_t>;
+  if constexpr (N == 128 && BF16) {
+    KILN_WGMMA_SST("128", "bf16", KILN_WGMMA_P64, KILN_WGMMA_D64, "64", "65", "66", "67");
+  } else if constexpr (N == 128) {
+    KILN_WGMMA_SST("128", "f16", KILN_WGMMA_P64, KILN_WGMMA_D64, "64", "65", "66", "67");
+  } else if constexpr (BF16) {
+    KILN_WGMMA_SST("256", "bf16", KILN_WGMMA_P128, KILN_WGMMA_D128, "128", "129", "130", "131");
+  } else {
+    KILN_WGMMA_SST("256", "f16", KILN_WGMMA_P128, KILN_WGMMA_D128, "128", "129", "130", "131");
+  }
+#else
+  (void)d, (void)a, (void)b, (void)scale_d;
+  __trap();
+#endif
+}
+
+// D[64 x N] (+)= A[64 x 32] * B[32 x N], 8-bit floats (e4m3, or e5m2 where A_E5M2 / B_E5M2), both
+// K-major in shared memory (the only layout wgmma takes for 8-bit types), f32 accumulators in the
+// same fragment as the 16-bit forms. A K step of 32 elements is 32 bytes, as for 16-bit k16.
+#define KILN_WGMMA_F8(NN, TA, TB, P, D, IA, IB, IS)                                                                    \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" IS                                                                 \
+               ", 0;\n"                                                                                                \
+               "wgmma.mma_async.sync.aligned.m64n" NN "k32.f32." TA "." TB " {" P "}, %" IA ", %" IB ", p, 1, 1;\n}\n" \
+               : D                                                                                                     \
+               : "l"(a), "l"(b), "r"(scale_d))
+#define KILN_WGMMA_F8_N(TA, TB)                                                          \
+  if constexpr (N == 128) {                                                              \
+    KILN_WGMMA_F8("128", TA, TB, KILN_WGMMA_P64, KILN_WGMMA_D64, "64", "65", "66");      \
+  } else {                                                                               \
+    KILN_WGMMA_F8("256", TA, TB, KILN_WGMMA_P128, KILN_WGMMA_D128, "128", "129", "130"); \
+  }
+
+template <int N, bool A_E5M2, bool B_E5M2>
+__device__ __forceinline__ void wgmma_ss_fp8(float (&d)[N / 2], uint64_t a, uint64_t b, int scale_d) {
+  static_assert(N == 128 || N == 256, "wgmma_ss_fp8 N");
+#if defined(KILN_SM90A)
+  if constexpr (!A_E5M2 && !B_E5M2) {
+    KILN_WGMMA_F8_N("e4m3", "e4m3")
+  } else if constexpr (!A_E5M2) {
+    KILN_WGMMA_F8_N("e4m3", "e5m2")
+  } else if constexpr (!B_E5M2) {
+    KILN_WGMMA_F8_N("e5m2", "e4m3")
+  } else {
+    KILN_WGMMA_F8_N("e5m2", "e5m2")
+  }
+#else
+  (void)d, (void)a, (void)b, (void)scale_d;
+  __trap();
+#endif
+}
+
+#undef KILN_WGMMA_F8_N
+#undef KILN_WGMMA_F8
+#undef KILN_WGMMA_SST
 
 #undef KILN_WGMMA_RS
 #undef KILN_WGMMA_SS

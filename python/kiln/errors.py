@@ -1,9 +1,10 @@
 """Index errors found by CUDA kernels, reported without a host synchronisation on the hot path.
 
-Every kernel that reads through an index (page ids, kv_indptr entries, batch indices, positions)
-checks it against the tensor it indexes. An index out of range never becomes a wild read or write:
-the kernel skips that work (attention writes NaN to the outputs it could not compute; append writes
-nothing for that token) and records the first such error in a per-device record. The record is
+Every kernel that reads through an index (page ids, kv_indptr entries, batch indices, positions,
+grouped-GEMM segment bounds and weight indices) checks it against the tensor it indexes. An index
+out of range never becomes a wild read or write: the kernel skips that work (attention writes NaN
+to the outputs it could not compute; append writes nothing for that token; a grouped GEMM writes
+no row of that segment) and records the first such error in a per-device record. The record is
 raised as `kiln.DeviceIndexError` (an IndexError naming the argument, the bad value and the valid
 range):
 

@@ -40,5 +40,10 @@ def decorate(monkeypatch, api_log):
 
 @pytest.fixture(autouse=True)
 def restore_registry(monkeypatch):
-    """Toy APIs registered by a test are forgotten after it (names may repeat across tests)."""
+    """Toy APIs registered by a test are forgotten after it (names may repeat across tests). kiln's
+    own APIs are imported first, so their registrations are never made into a copy and lost with
+    it (whichever test first uses one)."""
+    import kiln
+
+    kiln.load_api()
     monkeypatch.setattr(api_logging, "_registry", dict(api_logging._registry))

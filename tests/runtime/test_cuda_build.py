@@ -42,7 +42,8 @@ def _build(tmp_path, label: str, archs: str):
 
 def test_every_cuda_target_is_covered():
     assert {"//ops:norm", "//ops/attention:decode", "//ops/attention:prefill",
-            "//ops/attention:cascade", "//ops/attention:page"} <= set(TARGETS)
+            "//ops/attention:cascade", "//ops/attention:page", "//ops/gemm:mm", "//ops/gemm:fp8",
+            "//ops/gemm:grouped"} <= set(TARGETS)
 
 
 @pytest.mark.slow

@@ -20,12 +20,12 @@ APIS = traced_apis()
 
 
 def public_apis():
-    """kiln's public ops: functions, and the `run` of plan/run classes (kiln.errors holds the
-    index-error diagnostics, which have no workload to describe)."""
+    """kiln's public callables that are ops: functions, and the `run` of plan/run classes (the
+    tools, kiln._TOOLS, have no workload to describe)."""
     for name in kiln.__all__:
-        obj = getattr(kiln, name)
-        if getattr(obj, "__module__", "") == "kiln.errors":
+        if name in kiln._TOOLS:
             continue
+        obj = getattr(kiln, name)
         if inspect.isclass(obj):
             yield f"kiln.{name}.run", getattr(obj, "run", None)
         elif callable(obj) and not inspect.ismodule(obj):

@@ -128,6 +128,17 @@ _KNOBS = (
     Knob("KILN_PREFILL_FA3_STRICT", "bool", False,
          "Prefill with backend fa3 (or auto on a 9.0 GPU) fails, saying why, where it would fall "
          "back to fa2 (for tests of the sm90a kernel)."),
+    # The GEMM autotuner (python/kiln/autotuner.py, docs/gemm.md).
+    Knob("KILN_AUTOTUNE_CACHE", "path", "",
+         "The GEMM autotuner's cache file: kiln.autotune() without cache= loads and saves it, and "
+         "its tuned tactics serve GEMM calls outside any autotune context. Empty: none."),
+    Knob("KILN_AUTOTUNE_TIMER", "str", "auto",
+         "How the GEMM autotuner times tactics on a GPU: auto (CUDA events, %globaltimer where they "
+         "fail), cuda_events or globaltimer.", choices=("auto", "cuda_events", "globaltimer"),
+         what="a timer"),
+    Knob("KILN_TACTIC_BLOCKLIST", "path", "",
+         "A JSON file of GEMM tactics never to time or run (known to hang or crash on a stack), "
+         "besides the package's own list."),
     Knob("CXX", "path", "",
          "The host C++ compiler. Empty: c++, else g++ on PATH."),
     # Precompiled modules and the artifact repository (docs/release.md).

@@ -1,0 +1,612 @@
+"""GEMM (//ops/gemm:mm, :fp8, :grouped) with FlashInfer's and torch's names and argument order:
+
+    mm_bf16(a, b, bias=None, pdl=False, out=None, out_dtype=None)         out = a @ b
+    bmm_bf16(A, B, out=None, out_dtype=None)                              out[i] = A[i] @ B[i]
+    bmm_fp8(A, B, A_scale, B_scale, dtype, out=None)                      out[i] = A_scale B_scale A[i] @ B[i]
+    gemm_fp8_nt_groupwise(a, b, a_scale, b_scale, scale_major_mode="MN", mma_sm=1,
+                          scale_granularity_mnk=(1, 128, 128), out=None, out_dtype=torch.bfloat16)
+    SegmentGEMMWrapper(float_workspace_buffer).run(x, weights, batch_size, weight_column_major,
+                          out=None, seg_lens=None, seg_indptr=None, weight_indices=None)
+    grouped_mm(a, b, offs, bias=None, out_dtype=None, out=None)           torch._grouped_mm, 2-D x 3-D
+
+Every M, N, K works (odd sizes, unaligned views: the fallback kernel); accumulation is float32.
+docs/gemm.md has the shapes, layouts, what each refuses and why, the kernels and the autotuner.
+
+Each launch is a torch custom op (kiln::mm, kiln::gemm_fp8, kiln::grouped_gemm) with a fake
+implementation, so torch.compile(fullgraph=True) traces through and CUDA graphs capture it; in
+eager mode the launcher is called directly. The tactic (kernel and tile) of each call comes from
+kiln.autotune when it tuned one, else from the default heuristic (ops/gemm/gemm_tactics.cc);
+blocklisted tactics never run (kiln/autotuner.py). CPU tensors run the host backend.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _jit, autotuner, errors
+from ._ops import custom_op
+from .api_logging import logged_api
+from .trace import gemm as gemm_traces
+from .trace import traced
+
+MM = "//ops/gemm:mm"
+FP8 = "//ops/gemm:fp8"
+GROUPED = "//ops/gemm:grouped"
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+_16BIT = (torch.bfloat16, torch.float16)
+_INDEX = (torch.int32, torch.int64)
+SCALE_GRANULARITY = (1, 128, 128)  # the one groupwise granularity kiln's kernels implement
+_SHORT = {
+    torch.bfloat16: "bf16",
+    torch.float16: "f16",
+    torch.float32: "f32",
+    torch.float8_e4m3fn: "e4m3",
+    torch.float8_e5m2: "e5m2",
+}
+
+
+def _tensor(api: str, name: str, t, ndim: int | None = None) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{api}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{api}: {name} must be {ndim}-D, got shape {list(t.shape)}")
+    return t
+
+
+def _same_device(api: str, ref_name: str, ref: torch.Tensor, **tensors) -> None:
+    for name, t in tensors.items():
+        if t is not None and t.device != ref.device:
+            raise ValueError(
+                f"{api}: {name} is on {t.device} but {ref_name} is on {ref.device}; all tensors of "
+                "a call must be on one device"
+            )
+
+
+def _k_matches(api: str, b_name: str, b_dim: int, a_name: str, a: torch.Tensor, b: torch.Tensor) -> None:
+    k = a.shape[-1]
+    if b.shape[b_dim] != k:
+        raise ValueError(
+            f"{api}: {b_name}.shape[{b_dim}] must equal {a_name}.shape[-1] (k = {k}), got "
+            f"{b.shape[b_dim]} ({a_name} {list(a.shape)}, {b_name} {list(b.shape)})"
+        )
+
+
+def _out(api: str, out, shape: tuple[int, ...], dtype: torch.dtype, ref: torch.Tensor) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=ref.device)
+    _tensor(api, "out", out)
+    if out.dtype != dtype:
+        raise TypeError(f"{api}: out.dtype must be {dtype} (the output dtype asked for), got {out.dtype}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{api}: out must have shape {list(shape)}, got {list(out.shape)}")
+    _same_device(api, "the inputs", ref, out=out)
+    return out
+
+
+def _dense_out_dtype(api: str, a: torch.Tensor, out, out_dtype) -> torch.dtype:
+    dtype = out_dtype if out_dtype is not None else (out.dtype if isinstance(out, torch.Tensor) else a.dtype)
+    if dtype not in (a.dtype, torch.float32):
+        raise TypeError(
+            f"{api}: the output dtype must be the inputs' ({a.dtype}) or torch.float32, got {dtype}"
+        )
+    return dtype
+
+
+def _layout(t: torch.Tensor) -> str:
+    return "kmajor" if t.stride(-2) == 1 else "nmajor"
+
+
+# --- dense 16-bit: mm_bf16, bmm_bf16 --------------------------------------------------------------
+
+
+@custom_op("mm", mutates=("out",))
+def _mm_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    device = a.device
+    mod = _jit.module(MM, device, "kiln.mm_bf16", dtype=a.dtype, names={"dtype": "a.dtype"})
+    dl, stream = _jit.dl, _jit.stream_of(device)
+    args = {"a": dl(a), "b": dl(b), "out": dl(out)}
+
+    def shape():
+        batch = a.shape[0] if a.dim() == 3 else 1
+        return (
+            f"m{autotuner.bucket(a.shape[-2])} batch{autotuner.bucket(batch)} n{b.shape[-1]} k{a.shape[-1]} "
+            f"{_SHORT[a.dtype]} b:{_layout(b)} out:{_SHORT[out.dtype]}"
+        )
+
+    autotuner.launch(
+        mod,
+        "mm",
+        shape,
+        device,
+        lambda t, strict, blocked: mod.mm(**args, tactic=t, strict=strict, blocked=blocked, stream=stream),
+        lambda: mod.mm_tactics(**args),
+    )
+
+
+def _dense(api: str, a, b, a_name: str, b_name: str, ndim: int) -> None:
+    _tensor(api, a_name, a, ndim)
+    _tensor(api, b_name, b, ndim)
+    if a.dtype not in _16BIT:
+        raise TypeError(
+            f"{api}: {a_name}.dtype {a.dtype} is not supported; supported dtypes: bfloat16, float16 "
+            "(fp8: bmm_fp8, gemm_fp8_nt_groupwise)"
+        )
+    if b.dtype != a.dtype:
+        raise TypeError(f"{api}: {b_name}.dtype must be {a_name}'s ({a.dtype}), got {b.dtype}")
+    _same_device(api, a_name, a, **{b_name: b})
+    if ndim == 3 and b.shape[0] != a.shape[0]:
+        raise ValueError(
+            f"{api}: {b_name}.shape[0] must equal {a_name}.shape[0] (the batch, {a.shape[0]}), got "
+            f"{b.shape[0]}"
+        )
+    _k_matches(api, b_name, ndim - 2, a_name, a, b)
+
+
+@logged_api(mutates=("out",))
+@traced(gemm_traces.MM_BF16)
+def mm_bf16(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    pdl: bool = False,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Dense GEMM, float32 accumulation.
+
+    ``out[i, j] = sum_k a[i, k] * b[k, j]``
+
+    Args:
+        a: ``[m, k]``, bfloat16 or float16, row-major (any row stride).
+        b: ``[k, n]``, a's dtype: column-major (``w.t()`` of an ``[n, k]`` weight, as linear layers
+            hold them) or row-major.
+        bias: must be None (kiln applies no bias; add it to the output).
+        pdl: accepted for FlashInfer compatibility; no effect.
+        out: optional ``[m, n]`` output, row-major (any row stride), of the output dtype.
+        out_dtype: a's dtype (default) or torch.float32.
+
+    Returns:
+        ``out`` (a new ``[m, n]`` tensor when not given).
+    """
+    api = "kiln.mm_bf16"
+    _dense(api, a, b, "a", "b", 2)
+    if bias is not None:
+        raise ValueError(f"{api}: bias is not supported; add it to the output (out += bias)")
+    dtype = _dense_out_dtype(api, a, out, out_dtype)
+    out = _out(api, out, (a.shape[0], b.shape[1]), dtype, a)
+    _mm_op(out, a, b)
+    return out
+
+
+@logged_api(mutates=("out",))
+@traced(gemm_traces.BMM_BF16)
+def bmm_bf16(
+    A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """Batched dense GEMM, float32 accumulation.
+
+    ``out[b, i, j] = sum_k A[b, i, k] * B[b, k, j]``
+
+    Args:
+        A: ``[batch, m, k]``, bfloat16 or float16, row-major in its last two dimensions.
+        B: ``[batch, k, n]``, A's dtype, column-major (the transpose view of ``[batch, n, k]``) or
+            row-major; any batch strides.
+        out: optional ``[batch, m, n]`` output, row-major in its last two dimensions.
+        out_dtype: A's dtype (default) or torch.float32.
+    """
+    api = "kiln.bmm_bf16"
+    _dense(api, A, B, "A", "B", 3)
+    dtype = _dense_out_dtype(api, A, out, out_dtype)
+    out = _out(api, out, (A.shape[0], A.shape[1], B.shape[2]), dtype, A)
+    _mm_op(out, A, B)
+    return out
+
+
+# --- fp8: bmm_fp8, gemm_fp8_nt_groupwise -----------------------------------------------------------
+
+
+_fp8_dlpack: bool | None = None  # does this torch export fp8 tensors through DLPack?
+
+
+def _fp8_dl(t: torch.Tensor):
+    """(DLPack capsule, "") of an fp8 tensor; where this torch's DLPack export has no fp8 codes
+    (DLPack 1.1's), a uint8 view of it and the fp8 type it stands for ("e4m3", "e5m2")."""
+    global _fp8_dlpack
+    if _fp8_dlpack is None:
+        try:
+            _jit.dl(torch.empty(1, dtype=torch.float8_e4m3fn))
+            _fp8_dlpack = True
+        except (RuntimeError, TypeError, BufferError):
+            _fp8_dlpack = False
+    if _fp8_dlpack:
+        return _jit.dl(t), ""
+    return _jit.dl(t.view(torch.uint8)), _SHORT[t.dtype]
+
+
+@custom_op("gemm_fp8", mutates=("out",))
+def _fp8_op(
+    out: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    scale_mode: str,
+) -> None:
+    device = a.device
+    api = "kiln.bmm_fp8" if scale_mode == "tensor" else "kiln.gemm_fp8_nt_groupwise"
+    mod = _jit.module(
+        FP8, device, api, dtype=a.dtype, names={"dtype": "A.dtype" if scale_mode == "tensor" else "a.dtype"}
+    )
+    dl, stream = _jit.dl, _jit.stream_of(device)
+    (a_dl, a_as), (b_dl, b_as) = _fp8_dl(a), _fp8_dl(b)
+    args = {
+        "a": a_dl,
+        "b": b_dl,
+        "out": dl(out),
+        "a_scale": dl(a_scale),
+        "b_scale": dl(b_scale),
+        "scale_mode": scale_mode,
+        "a_as": a_as,
+        "b_as": b_as,
+    }
+
+    def shape():
+        batch = a.shape[0] if a.dim() == 3 else 1
+        return (
+            f"{scale_mode} m{autotuner.bucket(a.shape[-2])} batch{autotuner.bucket(batch)} n{b.shape[-1]} "
+            f"k{a.shape[-1]} {_SHORT[a.dtype]}x{_SHORT[b.dtype]} out:{_SHORT[out.dtype]}"
+        )
+
+    autotuner.launch(
+        mod,
+        "fp8",
+        shape,
+        device,
+        lambda t, strict, blocked: mod.gemm_fp8(
+            **args, tactic=t, strict=strict, blocked=blocked, stream=stream
+        ),
+        lambda: mod.gemm_fp8_tactics(**args),
+    )
+
+
+def _fp8_pair(api: str, a, b, a_name: str, b_name: str) -> None:
+    for name, t in ((a_name, a), (b_name, b)):
+        if t.dtype not in _FP8:
+            raise TypeError(
+                f"{api}: {name}.dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {t.dtype}"
+            )
+    _same_device(api, a_name, a, **{b_name: b})
+
+
+def _scale(api: str, name: str, t, ref: torch.Tensor) -> torch.Tensor:
+    _tensor(api, name, t)
+    if t.dtype != torch.float32:
+        raise TypeError(f"{api}: {name}.dtype must be torch.float32, got {t.dtype}")
+    _same_device(api, "the inputs", ref, **{name: t})
+    return t
+
+
+@logged_api(mutates=("out",))
+@traced(gemm_traces.BMM_FP8)
+def bmm_fp8(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    A_scale: torch.Tensor,
+    B_scale: torch.Tensor,
+    dtype: torch.dtype,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Batched fp8 GEMM with per-tensor scales, float32 accumulation (FlashInfer's bmm_fp8).
+
+    ``out[b, i, j] = A_scale * B_scale * sum_k A[b, i, k] * B[b, k, j]``
+
+    Args:
+        A: ``[batch, m, k]``, float8_e4m3fn or float8_e5m2, row-major in its last two dimensions.
+        B: ``[batch, k, n]``, float8_e4m3fn (the fast kernels) or float8_e5m2, column-major: the
+            transpose view of a contiguous ``[batch, n, k]``, as FlashInfer requires. A row-major B
+            is refused (FlashInfer 0.7 silently returns wrong results for one).
+        A_scale, B_scale: float32 tensors of one element (dequantization scales).
+        dtype: the output dtype, torch.bfloat16 or torch.float16.
+        out: optional ``[batch, m, n]`` output of ``dtype``.
+    """
+    api = "kiln.bmm_fp8"
+    _tensor(api, "A", A, 3)
+    _tensor(api, "B", B, 3)
+    _fp8_pair(api, A, B, "A", "B")
+    if B.shape[0] != A.shape[0]:
+        raise ValueError(
+            f"{api}: B.shape[0] must equal A.shape[0] (the batch, {A.shape[0]}), got {B.shape[0]}"
+        )
+    _k_matches(api, "B", 1, "A", A, B)
+    if B.shape[1] > 1 and B.shape[2] > 1 and B.stride(1) != 1:
+        raise ValueError(
+            f"{api}: B must be column-major [batch, k, n] (the transpose view of a contiguous "
+            f"[batch, n, k]: B = W.transpose(-2, -1)), got strides {list(B.stride())}; kiln, like "
+            "FlashInfer, requires it (FlashInfer 0.7 silently returns wrong results for a row-major B)"
+        )
+    if dtype not in _16BIT:
+        raise TypeError(f"{api}: dtype must be torch.bfloat16 or torch.float16, got {dtype}")
+    _scale(api, "A_scale", A_scale, A)
+    _scale(api, "B_scale", B_scale, A)
+    for name, s in (("A_scale", A_scale), ("B_scale", B_scale)):
+        if s.numel() != 1:
+            raise ValueError(
+                f"{api}: {name} must hold one float32 (a per-tensor scale), got shape {list(s.shape)}"
+            )
+    out = _out(api, out, (A.shape[0], A.shape[1], B.shape[2]), dtype, A)
+    _fp8_op(out, A, B, A_scale, B_scale, "tensor")
+    return out
+
+
+@logged_api(mutates=("out",))
+@traced(gemm_traces.GEMM_FP8_NT_GROUPWISE)
+def gemm_fp8_nt_groupwise(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    scale_major_mode: str = "MN",
+    mma_sm: int = 1,
+    scale_granularity_mnk: tuple[int, int, int] = SCALE_GRANULARITY,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """fp8 GEMM with DeepSeek-V3 groupwise scales, float32 accumulation (FlashInfer's name).
+
+    ``out[i, j] = sum_kb a_scale(i, kb) * b_scale(j // 128, kb) * sum_{k in block kb} a[i, k] * b[j, k]``
+
+    Args:
+        a: ``[m, k]``, float8_e4m3fn or float8_e5m2, row-major; k a multiple of 128.
+        b: ``[n, k]``, float8_e4m3fn (the fast kernels) or float8_e5m2, k contiguous ("nt").
+        a_scale: float32, one scale per row and 128-wide k block: ``[k / 128, m]`` for
+            scale_major_mode "MN", ``[m, k / 128]`` for "K" (either stride order).
+        b_scale: float32, one per 128 x 128 block: ``[k / 128, ceil(n / 128)]`` ("MN") or
+            ``[ceil(n / 128), k / 128]`` ("K").
+        scale_major_mode: "MN" (FlashInfer's default) or "K".
+        mma_sm: 1 or 2, accepted for FlashInfer compatibility; no effect (kiln's cluster shape is a
+            tactic: the default heuristic or kiln.autotune picks it).
+        scale_granularity_mnk: (1, 128, 128), the only granularity supported.
+        out: optional ``[m, n]`` output; its dtype wins over out_dtype.
+        out_dtype: torch.bfloat16 (default) or torch.float16.
+    """
+    api = "kiln.gemm_fp8_nt_groupwise"
+    _tensor(api, "a", a, 2)
+    _tensor(api, "b", b, 2)
+    _fp8_pair(api, a, b, "a", "b")
+    _k_matches(api, "b", 1, "a", a, b)
+    if scale_major_mode not in ("MN", "K"):
+        raise ValueError(f"{api}: scale_major_mode must be 'MN' or 'K', got {scale_major_mode!r}")
+    if mma_sm not in (1, 2):
+        raise ValueError(f"{api}: mma_sm must be 1 or 2, got {mma_sm!r}")
+    if tuple(scale_granularity_mnk) != SCALE_GRANULARITY:
+        raise ValueError(
+            f"{api}: scale_granularity_mnk {tuple(scale_granularity_mnk)} is not supported: kiln's "
+            f"groupwise kernels scale per {SCALE_GRANULARITY} blocks (DeepSeek-V3's) only"
+        )
+    k = a.shape[1]
+    if k % SCALE_GRANULARITY[2]:
+        raise ValueError(f"{api}: k (a.shape[1] = {k}) must be a multiple of 128 for groupwise scaling")
+    if b.shape[0] > 1 and k > 1 and b.stride(1) != 1:
+        raise ValueError(
+            f"{api}: b must be [n, k] with k contiguous (stride 1), got strides {list(b.stride())}; "
+            "call .contiguous() on it"
+        )
+    dtype = out.dtype if isinstance(out, torch.Tensor) else out_dtype
+    if dtype not in _16BIT:
+        raise TypeError(f"{api}: the output dtype must be torch.bfloat16 or torch.float16, got {dtype}")
+    _scale(api, "a_scale", a_scale, a)
+    _scale(api, "b_scale", b_scale, a)
+    out = _out(api, out, (a.shape[0], b.shape[0]), dtype, a)
+    _fp8_op(out, a, b.t(), a_scale, b_scale, scale_major_mode)
+    return out
+
+
+# --- grouped: SegmentGEMMWrapper, grouped_mm ---------------------------------------------------------
+
+
+@custom_op("grouped_gemm", mutates=("out",))
+def _grouped_op(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    bounds: torch.Tensor,
+    bounds_are_ends: bool,
+    weight_indices: torch.Tensor | None,
+) -> None:
+    device = x.device
+    api = "kiln.grouped_mm" if bounds_are_ends else "kiln.SegmentGEMMWrapper.run"
+    mod = _jit.module(
+        GROUPED, device, api, dtype=x.dtype, names={"dtype": "a.dtype" if bounds_are_ends else "x.dtype"}
+    )
+    dl, stream = _jit.dl, _jit.stream_of(device)
+    args = {
+        "x": dl(x),
+        "weights": dl(weights),
+        "out": dl(out),
+        "bounds": dl(bounds),
+        "bounds_are_ends": bounds_are_ends,
+        "weight_indices": None if weight_indices is None else dl(weight_indices),
+    }
+    errors_at = errors.record_address(device)
+
+    def shape():
+        groups = bounds.numel() - (0 if bounds_are_ends else 1)
+        return (
+            f"rows{autotuner.bucket(x.shape[0])} groups{groups} n{weights.shape[-1]} k{x.shape[1]} "
+            f"{_SHORT[x.dtype]} w:{_layout(weights)} out:{_SHORT[out.dtype]}"
+        )
+
+    autotuner.launch(
+        mod,
+        "grouped",
+        shape,
+        device,
+        lambda t, strict, blocked: mod.grouped(
+            **args, tactic=t, strict=strict, blocked=blocked, errors=errors_at, stream=stream
+        ),
+        lambda: mod.grouped_tactics(**args),
+    )
+    errors.after_launch(device)
+
+
+def _index(api: str, name: str, t, device: torch.device) -> torch.Tensor:
+    _tensor(api, name, t, 1)
+    if t.dtype not in _INDEX:
+        raise TypeError(f"{api}: {name} must be an int64 (or int32) tensor, got {t.dtype}")
+    return t.to(device)
+
+
+class SegmentGEMMWrapper:
+    """FlashInfer's segment GEMM (LoRA / MoE): segment s of the packed rows of x times weight
+    weights[weight_indices[s]] (or weights[s]). Bounds and weight indices are checked where the
+    kernels read them (docs/gemm.md, index errors)."""
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, backend: str = "auto") -> None:
+        """float_workspace_buffer: any tensor (FlashInfer's CUTLASS kernels use it; kiln's need no
+        workspace, it is kept for compatibility). backend: "auto", the only value (kiln picks its
+        kernel per call: the default heuristic or kiln.autotune)."""
+        api = "kiln.SegmentGEMMWrapper"
+        _tensor(api, "float_workspace_buffer", float_workspace_buffer)
+        if backend != "auto":
+            raise ValueError(
+                f"{api}: backend must be 'auto' (kiln's kernel is chosen per call), got {backend!r}"
+            )
+        self._float_workspace_buffer = float_workspace_buffer
+        self.backend = backend
+
+    def reset_workspace_buffer(
+        self, float_workspace_buffer: torch.Tensor, int_workspace_buffer: torch.Tensor
+    ) -> None:
+        """FlashInfer compatibility: the buffers are kept and not used."""
+        self._float_workspace_buffer = float_workspace_buffer
+        self._int_workspace_buffer = int_workspace_buffer
+
+    @logged_api(mutates=("out",))
+    @traced(gemm_traces.SEGMENT_GEMM)
+    def run(
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        batch_size: int,
+        weight_column_major: bool,
+        out: torch.Tensor | None = None,
+        seg_lens: torch.Tensor | None = None,
+        seg_indptr: torch.Tensor | None = None,
+        weight_indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``out[r] = x[r] @ W_s`` for the rows r of segment s, ``W_s = weights[weight_indices[s]]``
+        (``weights[s]`` without weight_indices) as ``[d_in, d_out]``; float32 accumulation.
+
+        Args:
+            x: ``[rows, d_in]``, bfloat16 or float16, row-major.
+            weights: ``[num_weights, d_out, d_in]`` if weight_column_major else
+                ``[num_weights, d_in, d_out]``, x's dtype.
+            batch_size: the number of segments.
+            out: optional ``[rows, d_out]`` output of x's dtype (or float32); rows in no segment
+                are not written (a new out is zeros).
+            seg_lens: ``[batch_size]`` segment lengths (int64 or int32), or
+            seg_indptr: ``[batch_size + 1]`` segment bounds from 0 (wins over seg_lens).
+            weight_indices: ``[batch_size]`` weight of each segment (int64 or int32).
+        """
+        api = "kiln.SegmentGEMMWrapper.run"
+        _tensor(api, "x", x, 2)
+        _tensor(api, "weights", weights, 3)
+        if x.dtype not in _16BIT:
+            raise TypeError(f"{api}: x.dtype {x.dtype} is not supported; supported dtypes: bfloat16, float16")
+        if weights.dtype != x.dtype:
+            raise TypeError(f"{api}: weights.dtype must be x's ({x.dtype}), got {weights.dtype}")
+        _same_device(api, "x", x, weights=weights)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
+            raise ValueError(
+                f"{api}: batch_size must be an int >= 0 (the number of segments), got {batch_size!r}"
+            )
+        if seg_lens is None and seg_indptr is None:
+            raise ValueError(f"{api}: either seg_lens or seg_indptr should be provided")
+        w = weights.transpose(1, 2) if weight_column_major else weights  # [num_weights, d_in, d_out]
+        _k_matches(api, "weights", 1 if not weight_column_major else 2, "x", x, weights)
+        if seg_indptr is not None:
+            bounds = _index(api, "seg_indptr", seg_indptr, x.device)
+            if bounds.numel() != batch_size + 1:
+                raise ValueError(
+                    f"{api}: seg_indptr must have batch_size + 1 = {batch_size + 1} entries, got "
+                    f"{bounds.numel()}"
+                )
+        else:
+            lens = _index(api, "seg_lens", seg_lens, x.device)
+            if lens.numel() != batch_size:
+                raise ValueError(
+                    f"{api}: seg_lens must have batch_size = {batch_size} entries, got {lens.numel()}"
+                )
+            bounds = torch.zeros(batch_size + 1, dtype=torch.int64, device=x.device)
+            torch.cumsum(lens, 0, out=bounds[1:])
+        indices = None
+        if weight_indices is not None:
+            indices = _index(api, "weight_indices", weight_indices, x.device)
+            if indices.numel() != batch_size:
+                raise ValueError(
+                    f"{api}: weight_indices must have batch_size = {batch_size} entries, got "
+                    f"{indices.numel()}"
+                )
+        d_out = w.shape[2]
+        if out is None:
+            out = torch.zeros(x.shape[0], d_out, dtype=x.dtype, device=x.device)
+        else:
+            _tensor(api, "out", out)
+            if tuple(out.shape) != (x.shape[0], d_out):
+                raise ValueError(
+                    f"{api}: output tensor shape mismatch, expected {[x.shape[0], d_out]}, got "
+                    f"{list(out.shape)}"
+                )
+            _same_device(api, "x", x, out=out)
+        _grouped_op(out, x, w, bounds, False, indices)
+        return out
+
+
+@logged_api(mutates=("out",))
+@traced(gemm_traces.GROUPED_MM)
+def grouped_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """torch._grouped_mm's MoE form, 2-D a x 3-D b: group g is rows ``[offs[g-1], offs[g])`` of a
+    (``offs[-1]`` = 0), and ``out[rows of g] = a[rows of g] @ b[g]``; float32 accumulation.
+
+    Args:
+        a: ``[rows, k]``, bfloat16 (torch's contract; float16 too), row-major.
+        b: ``[groups, k, n]``, a's dtype, each ``[k, n]`` column-major (the transpose view of
+            ``[groups, n, k]``, as MoE weights are held) or row-major.
+        offs: ``[groups]`` cumulative row ends, int32 (int64 accepted), non-decreasing, at most rows.
+        bias: must be None (torch: not supported).
+        out_dtype: a's dtype (default) or torch.float32.
+        out: optional ``[rows, n]`` output; rows past offs[-1] are not written (a new out leaves
+            them unset, as torch does).
+    """
+    api = "kiln.grouped_mm"
+    _tensor(api, "a", a)
+    _tensor(api, "b", b)
+    if a.dim() != 2 or b.dim() != 3:
+        raise ValueError(
+            f"{api}: kiln supports a 2-D a [rows, k] and a 3-D b [groups, k, n] (the MoE form of "
+            f"torch._grouped_mm), got a {a.dim()}-D, b {b.dim()}-D"
+        )
+    if a.dtype not in _16BIT:
+        raise TypeError(f"{api}: a.dtype {a.dtype} is not supported; supported dtypes: bfloat16, float16")
+    if b.dtype != a.dtype:
+        raise TypeError(f"{api}: b.dtype must be a's ({a.dtype}), got {b.dtype}")
+    _same_device(api, "a", a, b=b)
+    if bias is not None:
+        raise ValueError(f"{api}: bias is not supported (torch._grouped_mm does not support it either)")
+    _k_matches(api, "b", 1, "a", a, b)
+    bounds = _index(api, "offs", offs, a.device)
+    if bounds.numel() != b.shape[0]:
+        raise ValueError(
+            f"{api}: offs must have one entry per group of b ({b.shape[0]}), got {bounds.numel()}"
+        )
+    dtype = _dense_out_dtype(api, a, out, out_dtype)
+    out = _out(api, out, (a.shape[0], b.shape[2]), dtype, a)
+    _grouped_op(out, a, b, bounds, True, None)
+    return out
