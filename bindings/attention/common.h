@@ -40,7 +40,6 @@ inline kiln::LaunchContext context(const TensorView& t, uintptr_t stream, uintpt
   return launch_context(t, stream, errors);
 }
 
-
 // A tensor of the module's dtype whose last dimension is head_dim and whose rows are 16-byte
 // vectors (pointer and every stride aligned), as the kernels read and write them.
 inline TensorView elem_view(py::handle obj, const char* name, int ndim, const TensorView* ref) {
