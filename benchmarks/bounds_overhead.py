@@ -7,7 +7,9 @@ for two trees (with and without the checks), alternately, and compare the median
     python benchmarks/bounds_overhead.py --root . --out now.jsonl
     python benchmarks/bounds_overhead.py --root ../old --out before.jsonl
 
-Every result passed a reference check first (a float32 attention over a few rows).
+Every result passed a reference check first (a float32 attention over a few rows). Each record also
+names the kernels one call launches and their device time (torch.profiler over 10 calls), so a
+difference between two trees shows whether it lies in a kernel or between the launches.
 """
 
 from __future__ import annotations
@@ -47,6 +49,24 @@ def _time(fn, reps: int, per_sample: int = 25) -> list[float]:
         b.synchronize()
         out.append(a.elapsed_time(b) * 1000.0 / per_sample)
     return out
+
+
+def _kernels(fn, calls: int = 10) -> list[dict]:
+    """The CUDA kernels (and copies) of `calls` calls: name, count and mean device time (us)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        if e.device_type.name == "CUDA" and e.count:
+            total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+            rows.append({"name": e.key[:120], "count": e.count, "mean_us": total / e.count})
+    return sorted(rows, key=lambda r: -r["mean_us"] * r["count"])
 
 
 def _check(out, q, k, v, rows, causal):
@@ -91,7 +111,8 @@ def main() -> int:
     ref = torch.softmax(q[0, 0].float() @ kk[:, 0].float().T / math.sqrt(d), -1) @ vv[:, 0].float()
     assert torch.allclose(out[0, 0].float(), ref, rtol=3e-2, atol=3e-2), "decode differs from the reference"
     times = _time(lambda: w.run(q, (k_cache, v_cache)), args.reps)
-    rows.append({"workload": "decode B64 L4096 32/8 d128 page16", "times_us": times})
+    rows.append({"workload": "decode B64 L4096 32/8 d128 page16", "times_us": times,
+                 "kernels": _kernels(lambda: w.run(q, (k_cache, v_cache)))})
     # Single prefill causal 8192.
     n = 8192
     qp = torch.randn(n, hq, d, device=dev, dtype=bf16, generator=gen)
@@ -100,7 +121,8 @@ def main() -> int:
     outp = kiln.single_prefill_with_kv_cache(qp, kp, vp, causal=True)
     _check(outp, qp, kp, vp, [0, 1, 4095, 8191], True)
     times = _time(lambda: kiln.single_prefill_with_kv_cache(qp, kp, vp, causal=True), args.reps)
-    rows.append({"workload": "single prefill causal 8192 32/8 d128", "times_us": times})
+    rows.append({"workload": "single prefill causal 8192 32/8 d128", "times_us": times,
+                 "kernels": _kernels(lambda: kiln.single_prefill_with_kv_cache(qp, kp, vp, causal=True))})
     for r in rows:
         t = r.pop("times_us")
         r.update(tree=str(root), gpu=torch.cuda.get_device_name(), timing="cuda_events, 25 calls per sample",
