@@ -25,8 +25,10 @@ SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192)
 BMM_SHAPES = [(128, 512, 128), (128, 128, 512)]  # (batch, n, k): MLA-style small batched GEMMs
 
 
-def _time_peer(fn, repeats: int, flush) -> float:
+def _time_peer(fn, repeats: int, flush, device) -> float:
     """Median seconds of one call, L2 flushed before each sample (as the tuner times tactics)."""
+    import time
+
     import torch
 
     for _ in range(3):
@@ -34,6 +36,11 @@ def _time_peer(fn, repeats: int, flush) -> float:
     samples = []
     for _ in range(repeats):
         flush()
+        if device.type != "cuda":  # the host backend (a dry run of this script on a CPU machine)
+            start = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - start)
+            continue
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
@@ -59,12 +66,12 @@ def _cases(ops: list[str], ms: list[int]):
                 raise SystemExit(f"unknown op {op!r}: mm_bf16, bmm_bf16, bmm_fp8")
 
 
-def _build(op: str, s: dict, gen):
+def _build(op: str, s: dict, gen, dev):
     """(kiln call, peer call, float32 reference) for one shape; weights as linear layers hold
     them ([n, k] row-major, passed as the transpose view)."""
     import torch
 
-    dev, bf16 = torch.device("cuda"), torch.bfloat16
+    bf16 = torch.bfloat16
     if op == "mm_bf16":
         a = torch.randn(s["m"], s["k"], device=dev, generator=gen).to(bf16)
         w = torch.randn(s["n"], s["k"], device=dev, generator=gen).to(bf16)
@@ -102,6 +109,7 @@ def main() -> int:
     ap.add_argument("--m", default="1,16,64", help="comma-separated M values")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run on the host backend")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
     import torch
@@ -109,11 +117,12 @@ def main() -> int:
     import kiln
     from kiln import autotuner
 
-    flush = autotuner._flusher(torch.device("cuda"))
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    dev = torch.device(args.device)
+    flush = autotuner._flusher(dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
     ms = [int(v) for v in args.m.split(",")]
     for op, s in _cases(args.ops.split(","), ms):
-        call, peer, ref = _build(op, s, gen)
+        call, peer, ref = _build(op, s, gen, dev)
         got, want = call().float(), ref()
         err = (got - want).abs().max().item()
         scale = want.abs().max().item()
@@ -122,14 +131,15 @@ def main() -> int:
             call()
         (entry,) = ctx.tuned.values()
         autotuner.clear()  # the next shape is tuned from scratch, its default measured again
-        peer_us = _time_peer(peer, args.repeats, flush) * 1e6
+        peer_us = _time_peer(peer, args.repeats, flush, dev) * 1e6
         row = {
             "op": op, **s, "default": entry.default, "default_us": entry.timings_us.get(entry.default),
             "best": min(entry.timings_us, key=entry.timings_us.get),
             "best_us": min(entry.timings_us.values()),
             "peer": "torch._scaled_mm" if op == "bmm_fp8" else "torch (cuBLAS)", "peer_us": peer_us,
             "timings_us": entry.timings_us, "timer": entry.timer, "repeats": args.repeats, "cold_l2": True,
-            "gpu": torch.cuda.get_device_name(), "reference_check": "passed",
+            "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (host backend)",
+            "reference_check": "passed",
         }
         d = row["default_us"] or float("nan")
         label = " ".join(f"{k}={v}" for k, v in s.items())
