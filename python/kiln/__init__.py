@@ -19,6 +19,7 @@ import importlib
 # one line here.
 _API = {
     "norm": ("rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm"),
+    "activation": ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"),
     "decode": ("BatchDecodeWithPagedKVCacheWrapper", "single_decode_with_kv_cache"),
     "prefill": ("BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper",
                 "single_prefill_with_kv_cache"),
