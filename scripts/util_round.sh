@@ -13,7 +13,7 @@
 #   bash scripts/util_round.sh [pytest args, default: the families' test folders]
 #
 # SKIP_TESTS=1 / SKIP_BENCH=1 / SKIP_PEERS=1 leave a step out. ROUTINES (default: every utility
-# routine) and SHAPES (default "llama-3.1-8b-decode llama-3.1-8b-prefill", definition names) narrow
+# routine) and SHAPES (default: 1, 64 and 8192 tokens of Llama-3.1-8B; --shapes values) narrow
 # the benchmarks; REPEATS (default 20) and TARGET_MS (default 1) size each measurement. DEADLINE
 # (s after the start, default 200) bounds every step after the install: whatever finished is kept.
 set -uo pipefail
@@ -29,10 +29,21 @@ elapsed() { echo $(( $(date +%s) - t0 )); }
 left() { local l=$(( DEADLINE - $(elapsed) )); [ "$l" -gt 0 ] && echo "$l" || echo 1; }
 step() { echo "== [$(elapsed) s] $*" | tee -a "$OUT/steps.log"; }
 note() { echo "$*" | tee -a "$OUT/steps.log"; }
-TARGETS="//ops:activation"
-TESTS="tests/ops/activation"
-ROUTINES=${ROUTINES:-"silu_and_mul gelu_and_mul gelu_tanh_and_mul"}
-SHAPES=${SHAPES:-"llama-3.1-8b-decode llama-3.1-8b-prefill"}
+TARGETS="//ops:activation //ops:rope"
+TESTS="tests/ops/activation tests/ops/rope"
+ROUTINES=${ROUTINES:-"silu_and_mul gelu_and_mul gelu_tanh_and_mul apply_rope_with_cos_sin_cache_inplace \
+apply_rope_pos_ids_inplace apply_llama31_rope apply_rope"}
+# The issue's shapes: 1 and 64 tokens (decode) and 8192 (prefill) of Llama-3.1-8B.
+DEFAULT_SHAPES="llama-3.1-8b-decode:tokens=1 llama-3.1-8b-decode:tokens=64 llama-3.1-8b-prefill:tokens=8192"
+INDPTR_SHAPES="llama-3.1-8b-decode:tokens=1,batch_size=1 llama-3.1-8b-decode:tokens=64,batch_size=64
+llama-3.1-8b-prefill:tokens=8192,batch_size=8"
+shapes_for() {  # routine -> the --shapes values (SHAPES overrides every routine's)
+  if [ -n "${SHAPES:-}" ]; then echo "$SHAPES"; return; fi
+  case $1 in
+    apply_rope | apply_rope_inplace | apply_llama31_rope | apply_llama31_rope_inplace) echo "$INDPTR_SHAPES" ;;
+    *) echo "$DEFAULT_SHAPES" ;;
+  esac
+}
 
 nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader \
   2>&1 | sed 's/^/gpu: /' | tee -a "$OUT/steps.log"
@@ -65,9 +76,9 @@ fi
 # 3. Benchmarks: kiln and torch, routine by routine, then FlashInfer with what time is left.
 if [ -z "${SKIP_BENCH:-}" ]; then
   : >"$OUT/util.jsonl"
-  shapes=(); for s in $SHAPES; do shapes+=(--shapes "$s"); done
   run_bench() {  # routine backends
     [ "$(left)" -gt 5 ] || { note "skipped $1 ($2): past the deadline"; return; }
+    local shapes=(); for s in $(shapes_for "$1"); do shapes+=(--shapes "$s"); done
     timeout "$(left)" python3 -m benchmarks run "$1" --backends "$2" "${shapes[@]}" --repeats "${REPEATS:-20}" \
       --target-ms "${TARGET_MS:-1}" --output /tmp/util_run.jsonl >>"$OUT/bench.log" 2>&1 || status=1
     cat /tmp/util_run.jsonl >>"$OUT/util.jsonl" 2>/dev/null
