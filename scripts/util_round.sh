@@ -29,10 +29,10 @@ elapsed() { echo $(( $(date +%s) - t0 )); }
 left() { local l=$(( DEADLINE - $(elapsed) )); [ "$l" -gt 0 ] && echo "$l" || echo 1; }
 step() { echo "== [$(elapsed) s] $*" | tee -a "$OUT/steps.log"; }
 note() { echo "$*" | tee -a "$OUT/steps.log"; }
-TARGETS="//ops:activation //ops:rope"
-TESTS="tests/ops/activation tests/ops/rope"
+TARGETS="//ops:activation //ops:rope //ops:norm"
+TESTS="tests/ops/activation tests/ops/rope tests/ops/norm/test_layernorm.py"
 ROUTINES=${ROUTINES:-"silu_and_mul gelu_and_mul gelu_tanh_and_mul apply_rope_with_cos_sin_cache_inplace \
-apply_rope_pos_ids_inplace apply_llama31_rope apply_rope"}
+apply_rope_pos_ids_inplace apply_llama31_rope apply_rope layernorm"}
 # The issue's shapes: 1 and 64 tokens (decode) and 8192 (prefill) of Llama-3.1-8B.
 DEFAULT_SHAPES="llama-3.1-8b-decode:tokens=1 llama-3.1-8b-decode:tokens=64 llama-3.1-8b-prefill:tokens=8192"
 INDPTR_SHAPES="llama-3.1-8b-decode:tokens=1,batch_size=1 llama-3.1-8b-decode:tokens=64,batch_size=64
@@ -41,6 +41,7 @@ shapes_for() {  # routine -> the --shapes values (SHAPES overrides every routine
   if [ -n "${SHAPES:-}" ]; then echo "$SHAPES"; return; fi
   case $1 in
     apply_rope | apply_rope_inplace | apply_llama31_rope | apply_llama31_rope_inplace) echo "$INDPTR_SHAPES" ;;
+    layernorm) echo "llama-3.1-8b-decode:tokens=1 llama-3.1-8b-prefill:tokens=8192 tokens=16384,hidden=8192" ;;
     *) echo "$DEFAULT_SHAPES" ;;
   esac
 }
