@@ -29,10 +29,10 @@ elapsed() { echo $(( $(date +%s) - t0 )); }
 left() { local l=$(( DEADLINE - $(elapsed) )); [ "$l" -gt 0 ] && echo "$l" || echo 1; }
 step() { echo "== [$(elapsed) s] $*" | tee -a "$OUT/steps.log"; }
 note() { echo "$*" | tee -a "$OUT/steps.log"; }
-TARGETS="//ops:activation //ops:rope //ops:norm"
-TESTS="tests/ops/activation tests/ops/rope tests/ops/norm/test_layernorm.py"
+TARGETS="//ops:activation //ops:rope //ops:norm //ops:quantization"
+TESTS="tests/ops/activation tests/ops/rope tests/ops/norm/test_layernorm.py tests/ops/quantization"
 ROUTINES=${ROUTINES:-"silu_and_mul gelu_and_mul gelu_tanh_and_mul apply_rope_with_cos_sin_cache_inplace \
-apply_rope_pos_ids_inplace apply_llama31_rope apply_rope layernorm"}
+apply_rope_pos_ids_inplace apply_llama31_rope apply_rope layernorm per_token_group_quant_fp8 scaled_fp8_quant"}
 # The issue's shapes: 1 and 64 tokens (decode) and 8192 (prefill) of Llama-3.1-8B.
 DEFAULT_SHAPES="llama-3.1-8b-decode:tokens=1 llama-3.1-8b-decode:tokens=64 llama-3.1-8b-prefill:tokens=8192"
 INDPTR_SHAPES="llama-3.1-8b-decode:tokens=1,batch_size=1 llama-3.1-8b-decode:tokens=64,batch_size=64

@@ -24,6 +24,7 @@ _API = {
              "apply_llama31_rope", "apply_llama31_rope_inplace", "apply_llama31_rope_pos_ids",
              "apply_llama31_rope_pos_ids_inplace", "apply_rope_with_cos_sin_cache",
              "apply_rope_with_cos_sin_cache_inplace"),
+    "quantization": ("per_token_group_quant_fp8", "scaled_fp8_quant"),
     "decode": ("BatchDecodeWithPagedKVCacheWrapper", "single_decode_with_kv_cache"),
     "prefill": ("BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper",
                 "single_prefill_with_kv_cache"),
