@@ -29,6 +29,13 @@ EXAMPLES = tuple(
     for m in LLM_MODELS for phase, tokens in (("decode", DECODE_BATCHES), ("prefill", PREFILL_TOKENS)))
 
 
+def div_448(a):
+    """a / 448 as a float32 division. Against a tensor of 448s, not the Python number: torch's CUDA
+    division by a scalar multiplies by its reciprocal, which is not exactly 1/448 and can land one
+    ulp away from the division."""
+    return a / torch.full_like(a, FP8_MAX)
+
+
 def quantize_e4m3(x, scale):
     """x / scale in float32, rounded to E4M3 (nearest even, saturated at +-448); 0 where scale == 0."""
     q = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX)
@@ -38,13 +45,13 @@ def quantize_e4m3(x, scale):
 def group_quant_reference_fp8(x, group_size):
     """(x_q, x_s) of per-token-group quantisation, scales [..., hidden / group_size] row-major."""
     g = x.float().unflatten(-1, (-1, group_size))
-    scale = g.abs().amax(-1, keepdim=True) / FP8_MAX
+    scale = div_448(g.abs().amax(-1, keepdim=True))
     return quantize_e4m3(g, scale).flatten(-2), scale.squeeze(-1)
 
 
 def tensor_quant_reference_fp8(x, scale=None):
     if scale is None:
-        scale = (x.float().abs().amax() / FP8_MAX).reshape(1)
+        scale = div_448(x.float().abs().amax()).reshape(1)
     return quantize_e4m3(x.float(), scale), scale
 
 

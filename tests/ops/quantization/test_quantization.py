@@ -103,6 +103,19 @@ def test_zero_groups_saturation_and_ties(device):
     assert s3.item() == 0.0 and bits(q3).eq(0).all()
 
 
+@pytest.mark.parametrize("device", device_params())
+def test_scales_are_divisions_not_reciprocal_products(device):
+    """absmax / 448 is a division: for about half of all absmax values, absmax * float32(1 / 448)
+    (what torch's CUDA kernel does for a tensor divided by a Python number) is one ulp away."""
+    absmax = torch.linspace(1, 2, 4096)
+    x = torch.zeros((4096, 128))
+    x[:, 5] = absmax
+    _, s = kiln.per_token_group_quant_fp8(x.to(device))
+    division = absmax / torch.full_like(absmax, 448.0)
+    assert torch.equal(s.cpu()[:, 0], division)
+    assert not torch.equal(division, absmax * torch.tensor(1 / 448, dtype=torch.float32))
+
+
 def test_host_encoder_matches_torch_over_every_float16_value():
     """Every finite float16 value (and so every rounding case of the E4M3 grid's range) divided by
     one: the host backend's encoder against torch's conversion."""
