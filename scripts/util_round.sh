@@ -35,7 +35,7 @@ ROUTINES=${ROUTINES:-"silu_and_mul gelu_and_mul gelu_tanh_and_mul apply_rope_wit
 apply_rope_pos_ids_inplace apply_llama31_rope apply_rope layernorm per_token_group_quant_fp8 scaled_fp8_quant"}
 # The issue's shapes: 1 and 64 tokens (decode) and 8192 (prefill) of Llama-3.1-8B.
 DEFAULT_SHAPES="llama-3.1-8b-decode:tokens=1 llama-3.1-8b-decode:tokens=64 llama-3.1-8b-prefill:tokens=8192"
-INDPTR_SHAPES="llama-3.1-8b-decode:tokens=1,batch_size=1 llama-3.1-8b-decode:tokens=64,batch_size=64
+INDPTR_SHAPES="llama-3.1-8b-decode:tokens=1,batch_size=1 llama-3.1-8b-decode:tokens=64,batch_size=64 \
 llama-3.1-8b-prefill:tokens=8192,batch_size=8"
 shapes_for() {  # routine -> the --shapes values (SHAPES overrides every routine's)
   if [ -n "${SHAPES:-}" ]; then echo "$SHAPES"; return; fi
@@ -54,12 +54,19 @@ install_kiln_and_peers /tmp/util_setup.log "${PEERS:-1}"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cores', __import__('os').cpu_count())" \
   | tee -a "$OUT/steps.log"
 
-# 1. Every module of the families for this GPU, in parallel; tests and benchmarks load from the cache.
+# 1. Every module of the families for this GPU (11 modules: the four targets built side by side, 4
+#    compile jobs each); the tests and benchmarks then load them from the cache.
+step "prebuild $TARGETS (cuda, every dtype)"
+pids=()
 for t in $TARGETS; do
-  step "prebuild $t (cuda, every dtype)"
-  timeout "$(left)" python3 -m codegen build "$t" --toolchain cuda >/tmp/util_prebuild.log 2>&1 ||
-    { status=1; tail -n 40 /tmp/util_prebuild.log; }
-  grep -E "built|summary" /tmp/util_prebuild.log | tee -a "$OUT/steps.log"
+  log=/tmp/util_prebuild_${t##*:}.log
+  timeout "$(left)" python3 -m codegen build "$t" --toolchain cuda -j 4 >"$log" 2>&1 &
+  pids+=("$!")
+done
+for i in "${!pids[@]}"; do
+  t=$(echo $TARGETS | cut -d' ' -f$((i + 1)))
+  wait "${pids[$i]}" || { status=1; tail -n 40 "/tmp/util_prebuild_${t##*:}.log"; }
+  grep -E "built|summary" "/tmp/util_prebuild_${t##*:}.log" | tee -a "$OUT/steps.log"
 done
 
 # 2. The GPU tests (small shapes: 4 workers share the GPU's memory with room to spare).
@@ -74,25 +81,37 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   tail -n 1 "$OUT/pytest_gpu.log" | sed 's/^/pytest: /' >>"$OUT/steps.log"
 fi
 
-# 3. Benchmarks: kiln and torch, routine by routine, then FlashInfer with what time is left.
+# 3. Benchmarks: kiln and torch, then FlashInfer with what time is left. Routines sharing their
+#    shapes run in one process (each start imports torch: seconds).
 if [ -z "${SKIP_BENCH:-}" ]; then
   : >"$OUT/util.jsonl"
-  run_bench() {  # routine backends
+  run_bench() {  # comma-separated routines, backends, shapes
+    [ -n "$1" ] || return
     [ "$(left)" -gt 5 ] || { note "skipped $1 ($2): past the deadline"; return; }
-    local shapes=(); for s in $(shapes_for "$1"); do shapes+=(--shapes "$s"); done
+    step "benchmarks: $1 ($2)"
+    local shapes=(); for s in $3; do shapes+=(--shapes "$s"); done
     timeout "$(left)" python3 -m benchmarks run "$1" --backends "$2" "${shapes[@]}" --repeats "${REPEATS:-20}" \
-      --target-ms "${TARGET_MS:-1}" --output /tmp/util_run.jsonl >>"$OUT/bench.log" 2>&1 || status=1
+      --target-ms "${TARGET_MS:-1}" --output /tmp/util_run.jsonl </dev/null >>"$OUT/bench.log" 2>&1 || status=1
     cat /tmp/util_run.jsonl >>"$OUT/util.jsonl" 2>/dev/null
   }
-  for r in $ROUTINES; do
-    step "benchmarks: $r (kiln,torch)"
-    run_bench "$r" kiln,torch
-  done
-  if [ -z "${SKIP_PEERS:-}" ] && [ "${have_peers:-0}" = 1 ]; then
+  groups() {  # backends: one line per shape group, "routines|shapes"
+    local plain="" indptr="" ln=""
     for r in $ROUTINES; do
-      step "benchmarks: $r (flashinfer)"
-      run_bench "$r" flashinfer
+      case $1:$r in
+        flashinfer:per_token_group_quant_fp8 | flashinfer:scaled_fp8_quant) ;;  # no FlashInfer peer
+        *:apply_rope | *:apply_rope_inplace | *:apply_llama31_rope | *:apply_llama31_rope_inplace)
+          indptr=${indptr:+$indptr,}$r ;;
+        *:layernorm) ln=$r ;;
+        *) plain=${plain:+$plain,}$r ;;
+      esac
     done
+    echo "$plain|$(shapes_for "$plain")"
+    echo "$indptr|$(shapes_for apply_rope)"
+    echo "$ln|$(shapes_for layernorm)"
+  }
+  while IFS='|' read -r rs sh; do run_bench "$rs" kiln,torch "$sh"; done < <(groups kiln)
+  if [ -z "${SKIP_PEERS:-}" ] && [ "${have_peers:-0}" = 1 ]; then
+    while IFS='|' read -r rs sh; do run_bench "$rs" flashinfer "$sh"; done < <(groups flashinfer)
   fi
   python3 -m benchmarks table --markdown "$OUT/util.jsonl" >"$OUT/results.md" 2>&1 || status=1
   python3 - "$OUT/util.jsonl" <<'PY' | tee -a "$OUT/steps.log"
