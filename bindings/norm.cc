@@ -4,9 +4,11 @@
 //
 //   rmsnorm(*, out, input, weight, eps, weight_offset, stream=0)
 //   fused_add_rmsnorm(*, input, residual, weight, eps, weight_offset, stream=0)
+//   layernorm(*, out, input, gemma, beta, eps, stream=0)
 //
 // input/out/residual: [rows, hidden] or [batch, seq, hidden], last dimension contiguous, leading
 // strides free; weight: [hidden], contiguous; all of the module's dtype and on one device.
+// LayerNorm's gemma and beta: [hidden], contiguous, float32 whatever the module's dtype.
 #include <pybind11/pybind11.h>
 
 #include <cmath>
@@ -151,6 +153,49 @@ void fused_add_rmsnorm(py::handle input_obj, py::handle residual_obj, py::handle
   raise_if_failed(s);
 }
 
+TensorView checked_f32_param(py::handle obj, const char* name, const TensorView& input) {
+  TensorView t = view_of(obj, name);
+  kiln::bindings::check_same_device(t, input);
+  kiln::bindings::check_dtype(t, kiln::bindings::dl_dtype<float>(), "LayerNorm's parameters are float32");
+  kiln::bindings::check_ndim(t, 1, 1);
+  kiln::bindings::check_dim(t, 0, input.size(-1), "input.shape[-1]");
+  kiln::bindings::check_last_contiguous(t);
+  kiln::bindings::check_element_aligned(t, sizeof(float));
+  return t;
+}
+
+void layernorm(py::handle out_obj, py::handle input_obj, py::handle gemma_obj, py::handle beta_obj, double eps,
+               uintptr_t stream) {
+  const TensorView input = checked_input(input_obj);
+  TensorView out = view_of(out_obj, "out");
+  check_rows(out, input);
+  kiln::bindings::check_no_internal_overlap(out);
+  if (!same_view(out, input)) kiln::bindings::check_disjoint(out, input);
+  const TensorView gemma = checked_f32_param(gemma_obj, "gemma", input);
+  const TensorView beta = checked_f32_param(beta_obj, "beta", input);
+  check_eps(eps);
+  const Rows o = rows_of(out), i = rows_of(input);
+  kiln::norm::LayerNormParams p{};
+  p.out = out.data;
+  p.input = input.data;
+  p.gamma = static_cast<const float*>(gemma.data);
+  p.beta = static_cast<const float*>(beta.data);
+  p.d0 = i.d0;
+  p.d1 = i.d1;
+  p.cols = i.cols;
+  p.out_stride0 = o.s0;
+  p.out_stride1 = o.s1;
+  p.in_stride0 = i.s0;
+  p.in_stride1 = i.s1;
+  p.eps = static_cast<float>(eps);
+  kiln::Status s;
+  {
+    py::gil_scoped_release no_gil;
+    s = kiln::norm::layernorm(p, context(input, stream));
+  }
+  raise_if_failed(s);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(KILN_MODULE_NAME, m) {
@@ -163,4 +208,6 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
   m.def("fused_add_rmsnorm", &fused_add_rmsnorm, py::kw_only(), py::arg("input"), py::arg("residual"),
         py::arg("weight"), py::arg("eps"), py::arg("weight_offset"), py::arg("stream") = 0,
         "residual += input; input = rmsnorm(residual) (in place)");
+  m.def("layernorm", &layernorm, py::kw_only(), py::arg("out"), py::arg("input"), py::arg("gemma"), py::arg("beta"),
+        py::arg("eps"), py::arg("stream") = 0, "out = (input - mean) * rsqrt(var + eps) * gemma + beta");
 }

@@ -1,4 +1,4 @@
-"""Routines of kiln.norm: rmsnorm, fused_add_rmsnorm and the Gemma variants, each against
+"""Routines of kiln.norm: rmsnorm, fused_add_rmsnorm, the Gemma variants and layernorm, each against
 torch (the equivalent an eager model runs) and FlashInfer (when importable, CUDA only).
 
 kiln's backend runs the CUDA kernels on a GPU and the host backend on the CPU. Outputs given to
@@ -167,4 +167,45 @@ GEMMA_FUSED_ADD_RMSNORM = Routine(
     flops_per_call=norm_flops(True),
 )
 
-ROUTINES = (RMSNORM, FUSED_ADD_RMSNORM, GEMMA_RMSNORM, GEMMA_FUSED_ADD_RMSNORM)
+
+
+# --- layernorm: out = (input - mean) / sqrt(var + eps) * gemma + beta, gemma/beta float32
+
+
+def kiln_layernorm(inp, ctx):
+    x, g, b, eps = inp["input"], inp["gemma"], inp["beta"], inp["eps"]
+    return lambda: kiln.layernorm(x, g, b, eps=eps)
+
+
+def torch_layernorm(inp, ctx):
+    # In float32 with the float32 parameters, rounded once: F.layer_norm in bf16 would need the
+    # parameters rounded to bf16 first, which misses the reference by more than its tolerance.
+    x, g, b, eps = inp["input"], inp["gemma"], inp["beta"], inp["eps"]
+    return lambda: F.layer_norm(x.float(), (x.shape[-1],), g, b, eps=eps).to(x.dtype)
+
+
+def flashinfer_layernorm_available(device: torch.device, dtype: str) -> str | None:
+    if dtype != "bfloat16":
+        return f"FlashInfer's layernorm takes bfloat16 only, not {dtype}"
+    return cuda_only(device) or _flashinfer()[1]
+
+
+def flashinfer_layernorm(inp, ctx):
+    fn = _flashinfer()[0].norm.layernorm
+    x, g, b, eps = inp["input"], inp["gemma"], inp["beta"], inp["eps"]
+    return lambda: fn(x, g, b, eps)
+
+
+LAYERNORM = Routine(
+    api=kiln.layernorm,
+    backends=(
+        Backend("kiln", kiln_layernorm, version=kiln_version),
+        Backend("torch", torch_layernorm, version=torch_version),
+        Backend("flashinfer", flashinfer_layernorm, available=flashinfer_layernorm_available,
+                version=flashinfer_version),
+    ),
+    # ~7 FLOPs per element: sum, centre, square, accumulate, normalise, scale, shift.
+    flops_per_call=lambda axes, dtype: 7 * axes["tokens"] * axes["hidden"],
+)
+
+ROUTINES = (RMSNORM, FUSED_ADD_RMSNORM, GEMMA_RMSNORM, GEMMA_FUSED_ADD_RMSNORM, LAYERNORM)

@@ -31,6 +31,8 @@ enum class ErrorCode : int64_t {
   kSegmentEnd = 8,        // a grouped GEMM's segment ends past the rows of its input
   kSegmentStart = 9,      // a grouped GEMM's segment starts below 0 or after its own end
   kWeightIndex = 10,      // weight_indices[s] is not a weight of the grouped GEMM
+  kRopeIndptr = 11,       // a RoPE token lies in no request of indptr
+  kCosSinRow = 12,        // a RoPE position is not a row of cos_sin_cache
 };
 
 // The message of each code, with {position}, {value} and {bound} filled in by the reader. The
@@ -63,6 +65,10 @@ inline constexpr ErrorText kErrorTexts[] = {
      "segment {position} starts at row {value}, outside [0, {bound}] (0 to its own end): segment bounds "
      "must start at 0 and never decrease"},
     {ErrorCode::kWeightIndex, "weight_indices[{position}] = {value} is not a weight: valid are [0, {bound})"},
+    {ErrorCode::kRopeIndptr,
+     "token {position} lies in no request of indptr (which ends at {value}): indptr must start at 0, never "
+     "decrease and end at nnz = {bound}"},
+    {ErrorCode::kCosSinRow, "positions[{position}] = {value} is not a row of cos_sin_cache: valid are [0, {bound})"},
 };
 
 // Record the first error of a launch (later ones are dropped: one clear message is enough).

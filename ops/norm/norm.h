@@ -4,6 +4,8 @@
 //   fused_add_rmsnorm:  residual[r, :] += x[r, :]   (rounded to the element type), then
 //                       x[r, :] = rmsnorm(residual[r, :])   (in place)
 //   weight_offset = 0 for RMSNorm, 1 for Gemma's (1 + w) variant.
+//   layernorm:          out[r, :] = (x[r, :] - mean) * rsqrt(var + eps) * gamma + beta, mean and the
+//                       biased variance over the row; gamma and beta float32 whatever the dtype.
 //
 // Layout: every row tensor is viewed as [d0, d1, cols] (a 2-D tensor has d0 = 1), the last
 // dimension contiguous, the two leading strides arbitrary (element units, int64). The weight is
@@ -33,8 +35,22 @@ struct NormParams {
   KILN_HOST_DEVICE int64_t rows() const { return d0 * d1; }
 };
 
+struct LayerNormParams {
+  void* out;
+  const void* input;
+  const float* gamma;    // [cols], contiguous
+  const float* beta;     // [cols], contiguous
+  int64_t d0, d1, cols;  // rows = d0 * d1
+  int64_t out_stride0, out_stride1;
+  int64_t in_stride0, in_stride1;
+  float eps;
+
+  KILN_HOST_DEVICE int64_t rows() const { return d0 * d1; }
+};
+
 // Implemented once per backend for the module's dtype (norm_cuda.cu, norm_host.cc).
 Status rmsnorm(const NormParams& p, LaunchContext ctx);
 Status fused_add_rmsnorm(const NormParams& p, LaunchContext ctx);
+Status layernorm(const LayerNormParams& p, LaunchContext ctx);
 
 }  // namespace kiln::norm

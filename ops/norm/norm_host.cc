@@ -13,4 +13,8 @@ Status fused_add_rmsnorm(const NormParams& p, LaunchContext) {
   return host::run<spec::dtype, true>(p);
 }
 
+Status layernorm(const LayerNormParams& p, LaunchContext) {
+  return host::layernorm<spec::dtype>(p);
+}
+
 }  // namespace kiln::norm

@@ -43,4 +43,29 @@ Status run(const NormParams& p) {
   return Status::Ok();
 }
 
+// LayerNorm: the mean, then the mean squared deviation from it, the output rounded once. The sums
+// are double: one thread adds a row sequentially, whose float32 error grows with the row (~n 2^-24,
+// 4e-3 relative at 70000 columns), where the CUDA kernels' tree reductions grow with log n.
+template <typename T>
+Status layernorm(const LayerNormParams& p) {
+  using C = Convert<T>;
+  for (int64_t row = 0; row < p.rows(); ++row) {
+    const T* x = static_cast<const T*>(p.input) + row_offset(row, p.d1, p.in_stride0, p.in_stride1);
+    T* out = static_cast<T*>(p.out) + row_offset(row, p.d1, p.out_stride0, p.out_stride1);
+    double sum = 0.0;
+    for (int64_t j = 0; j < p.cols; ++j) sum += C::to_float(x[j]);
+    const float mean = static_cast<float>(sum / static_cast<double>(p.cols));
+    double sq = 0.0;
+    for (int64_t j = 0; j < p.cols; ++j) {
+      const double d = C::to_float(x[j]) - mean;
+      sq += d * d;
+    }
+    const float rstd = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(p.cols) + p.eps));
+    for (int64_t j = 0; j < p.cols; ++j) {
+      out[j] = C::from_float((C::to_float(x[j]) - mean) * rstd * p.gamma[j] + p.beta[j]);
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace kiln::norm::host

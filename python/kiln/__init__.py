@@ -18,7 +18,13 @@ import importlib
 # The public API: module (python/kiln/<module>.py) -> the names it exports. A new op family adds
 # one line here.
 _API = {
-    "norm": ("rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm"),
+    "norm": ("rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm", "layernorm"),
+    "activation": ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"),
+    "rope": ("apply_rope", "apply_rope_inplace", "apply_rope_pos_ids", "apply_rope_pos_ids_inplace",
+             "apply_llama31_rope", "apply_llama31_rope_inplace", "apply_llama31_rope_pos_ids",
+             "apply_llama31_rope_pos_ids_inplace", "apply_rope_with_cos_sin_cache",
+             "apply_rope_with_cos_sin_cache_inplace"),
+    "quantization": ("per_token_group_quant_fp8", "scaled_fp8_quant"),
     "decode": ("BatchDecodeWithPagedKVCacheWrapper", "single_decode_with_kv_cache"),
     "prefill": ("BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper",
                 "single_prefill_with_kv_cache"),

@@ -4,9 +4,11 @@
     fused_add_rmsnorm(input, residual, weight, eps)     residual += input; input = rmsnorm(residual)
     gemma_rmsnorm(input, weight, eps=1e-6, out=None)    ... * (1 + weight)
     gemma_fused_add_rmsnorm(input, residual, weight, eps)
+    layernorm(input, gemma, beta, eps=1e-6)             out = (input - mean) / sqrt(var + eps) * gemma + beta
 
 input: [tokens, hidden] or [batch, seq, hidden], float32/float16/bfloat16, contiguous in its last
-dimension (leading strides are free); weight: [hidden], same dtype. CUDA tensors run the CUDA
+dimension (leading strides are free); weight: [hidden], same dtype (LayerNorm's gemma and beta:
+[hidden], float32). CUDA tensors run the CUDA
 kernels, CPU tensors the host backend. Statistics are accumulated in float32; the fused variants
 round the residual sum to the input dtype before normalising it, exactly as the unfused sequence
 would.
@@ -54,6 +56,14 @@ def _fused_add_rmsnorm_op(input: torch.Tensor, residual: torch.Tensor, weight: t
     mod = _jit.module(LABEL, input.device, "kiln.fused_add_rmsnorm", dtype=input.dtype, names=_NAMES)
     mod.fused_add_rmsnorm(input=_jit.dl(input), residual=_jit.dl(residual), weight=_jit.dl(weight),
                           eps=eps, weight_offset=weight_offset, stream=_jit.stream_of(input.device))
+
+
+@custom_op("layernorm", mutates=("out",))
+def _layernorm_op(out: torch.Tensor, input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor,
+                  eps: float) -> None:
+    mod = _jit.module(LABEL, input.device, "kiln.layernorm", dtype=input.dtype, names=_NAMES)
+    mod.layernorm(out=_jit.dl(out), input=_jit.dl(input), gemma=_jit.dl(gemma), beta=_jit.dl(beta), eps=eps,
+                  stream=_jit.stream_of(input.device))
 
 
 def _rmsnorm(input, weight, eps, out, weight_offset):
@@ -114,3 +124,28 @@ def gemma_fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight:
                             eps: float = 1e-6) -> None:
     """In place: ``residual += input``, then ``input = gemma_rmsnorm(residual, weight, eps)``."""
     _fused_add_rmsnorm(input, residual, weight, eps, 1.0)
+
+
+@logged_api
+@traced(norm_traces.LAYERNORM)
+def layernorm(input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor,
+              eps: float = 1e-6) -> torch.Tensor:
+    """Layer normalisation over the last dimension.
+
+    ``out[..., j] = (input[..., j] - mean) / sqrt(var + eps) * gemma[j] + beta[j]``, with the mean
+    and the biased (population) variance of each row, accumulated in float32.
+
+    Args:
+        input: ``[tokens, hidden]`` or ``[batch, seq, hidden]``; float32, float16 or bfloat16,
+            contiguous in its last dimension (leading strides are free).
+        gemma: ``[hidden]`` float32, the scale.
+        beta: ``[hidden]`` float32, the shift.
+        eps: added to the variance before the square root.
+
+    Returns:
+        A new tensor of ``input``'s shape and dtype.
+    """
+    _check_tensors("kiln.layernorm", input=input, gemma=gemma, beta=beta)
+    out = torch.empty_like(input)
+    _layernorm_op(out, input, gemma, beta, eps)
+    return out

@@ -40,6 +40,17 @@ def rms_norm_float64(x, weight, eps, weight_offset=0.0):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (weight.double() + weight_offset)
 
 
+def layer_norm_float64(x, gemma, beta, eps):
+    x = x.double()
+    mean = x.mean(-1, keepdim=True)
+    var = (x - mean).pow(2).mean(-1, keepdim=True)
+    return (x - mean) * torch.rsqrt(var + eps) * gemma.double() + beta.double()
+
+
+def layernorm_reference(input, gemma, beta, eps):
+    return {"out": layer_norm_float64(input, gemma, beta, eps)}
+
+
 def rmsnorm_reference(input, weight, eps):
     return {"out": rms_norm_float64(input, weight, eps, 0.0)}
 
@@ -107,5 +118,19 @@ GEMMA_FUSED_ADD_RMSNORM = TraceTemplate(
     reference=gemma_fused_add_rmsnorm_reference,
     tolerance=TOLERANCE,
     examples=norm_examples(GEMMA_MODELS),
+    small=SMALL,
+)
+
+LAYERNORM = TraceTemplate(
+    name="layernorm",
+    target="//ops:norm",
+    description="out = (input - mean) / sqrt(var + eps) * gemma + beta (gemma, beta float32)",
+    axes=AXES,
+    inputs={"input": ROWS, "gemma": Tensor(("hidden",), "float32"), "beta": Tensor(("hidden",), "float32"),
+            "eps": EPS},
+    outputs={"out": ROWS},
+    reference=layernorm_reference,
+    tolerance=TOLERANCE,
+    examples=norm_examples(LLM_MODELS),
     small=SMALL,
 )

@@ -1,0 +1,106 @@
+// Gated-activation CUDA kernel and its launcher (see activation.h for the contract).
+//
+// Memory bound: each output element reads two input elements and writes one. A 2-D grid: blockIdx.y
+// strides over rows, blockIdx.x and the threads over the row's vectors, so one long row (a decode
+// token, d = 14336) still spreads over many SMs. Vectors are 16 bytes when both halves of every row
+// and the output row are aligned to them (d, the strides and the pointers multiples of VEC);
+// otherwise narrower, down to the scalar path for odd d.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "ops/activation/activation.h"
+#include "ops/common/cuda_utils.cuh"
+#include "ops/common/dispatch.h"
+#include "ops/common/dtypes.h"
+#include "ops/common/math.h"
+#include "ops/common/vec.cuh"
+
+namespace kiln::activation {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxGridY = 65535;  // CUDA's limit on gridDim.y
+constexpr int kBlocksPerSm = 8;       // enough resident threads to cover DRAM latency
+
+template <typename T, int VEC, Act A>
+__global__ void __launch_bounds__(kThreads) act_and_mul_kernel(const ActParams p) {
+  using V = Vec<T, VEC>;
+  const int64_t nvec = p.d / VEC;
+  for (int64_t row = blockIdx.y; row < p.rows; row += gridDim.y) {
+    const T* x = static_cast<const T*>(p.input) + row * p.in_stride;
+    T* out = static_cast<T*>(p.out) + row * p.out_stride;
+    for (int64_t j = int64_t(blockIdx.x) * kThreads + threadIdx.x; j < nvec; j += int64_t(gridDim.x) * kThreads) {
+      const V a = V::load(x + j * VEC);
+      const V b = V::load(x + p.d + j * VEC);
+      V o;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) o.set(k, apply<A>(a.get(k)) * b.get(k));
+      o.store(out + j * VEC);
+    }
+  }
+}
+
+inline bool aligned(const void* p, int64_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+// The widest vector (<= 16 bytes) that d, both row strides and both pointers allow.
+template <typename T>
+int choose_vec(const ActParams& p) {
+  for (int vec = 16 / int(sizeof(T)); vec > 1; vec /= 2) {
+    const int64_t bytes = vec * int64_t(sizeof(T));
+    if (p.d % vec == 0 && p.in_stride % vec == 0 && p.out_stride % vec == 0 && aligned(p.input, bytes) &&
+        aligned(p.out, bytes))
+      return vec;
+  }
+  return 1;
+}
+
+template <typename T>
+Status launch(const ActParams& p, LaunchContext ctx) {
+  if (p.rows == 0 || p.d == 0) return Status::Ok();
+  DeviceGuard guard(ctx.device);
+  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
+  const int vec = choose_vec<T>(p);
+  const int64_t blocks_per_row = ceil_div<int64_t>(p.d / vec, kThreads);
+  // Enough blocks to fill the GPU, no more: rows beyond that are looped over by blockIdx.y.
+  const int64_t target = int64_t(sm_count()) * kBlocksPerSm;
+  const int64_t grid_x = std::min<int64_t>(blocks_per_row, std::max<int64_t>(1, target));
+  const int64_t grid_y = std::min<int64_t>({p.rows, kMaxGridY, std::max<int64_t>(1, target / grid_x)});
+  const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
+  bool launched = false;
+  auto with_vec = [&](auto kVec) {
+    constexpr int VEC = decltype(kVec)::value;
+    switch (p.act) {
+      case Act::kSilu:
+        act_and_mul_kernel<T, VEC, Act::kSilu><<<grid, kThreads, 0, stream>>>(p);
+        launched = true;
+        break;
+      case Act::kGelu:
+        act_and_mul_kernel<T, VEC, Act::kGelu><<<grid, kThreads, 0, stream>>>(p);
+        launched = true;
+        break;
+      case Act::kGeluTanh:
+        act_and_mul_kernel<T, VEC, Act::kGeluTanh><<<grid, kThreads, 0, stream>>>(p);
+        launched = true;
+        break;
+    }
+  };
+  bool vec_ok = false;
+  if constexpr (sizeof(T) == 4) {
+    vec_ok = dispatch_value<1, 2, 4>(vec, with_vec);
+  } else {
+    vec_ok = dispatch_value<1, 2, 4, 8>(vec, with_vec);
+  }
+  if (!vec_ok || !launched) {
+    return Status::Error(
+        1, "act_and_mul: no kernel for vec=" + std::to_string(vec) + " act=" + std::to_string(static_cast<int>(p.act)));
+  }
+  return cuda_status(cudaGetLastError(), "act_and_mul kernel launch");
+}
+
+}  // namespace kiln::activation

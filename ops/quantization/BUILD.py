@@ -1,0 +1,13 @@
+# //ops:quantization -- fp8 (E4M3) quantisation of activations: per-token groups (DeepSeek-V3's
+# 1 x 128 scales) and per tensor (dynamic or a given scale). One module per input dtype and
+# toolchain (quantization_dtype_bf16_cuda, ...); the output is always float8_e4m3fn.
+op_library(
+    name="quantization",
+    doc="fp8 E4M3 quantisation: per_token_group_quant_fp8, scaled_fp8_quant",
+    srcs=["quantization_cuda.cu"],
+    host_srcs=["quantization_host.cc"],
+    binding="bindings/quantization.cc",
+    dispatch={"dtype": ["f32", "f16", "bf16"]},
+    archs=["sm80", "sm90", "sm100", "sm120"],
+    release="all",
+)

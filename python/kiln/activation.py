@@ -1,0 +1,79 @@
+"""Gated activations of a GLU MLP (//ops:activation), with FlashInfer's names and argument order.
+
+    silu_and_mul(input, out=None)         out = silu(input[..., :d]) * input[..., d:]
+    gelu_and_mul(input, out=None)         out = gelu(input[..., :d]) * input[..., d:]   (exact, erf)
+    gelu_tanh_and_mul(input, out=None)    out = gelu_tanh(input[..., :d]) * input[..., d:]
+
+input: [..., 2d], float32/float16/bfloat16, contiguous in its last dimension, its leading
+dimensions folding into one row stride (a strided view of a wider tensor works); out: [..., d], the
+dtype of input. Any d. The activation and the product are computed in float32 and rounded once.
+
+Each function is a torch custom op (kiln::act_and_mul) with a fake implementation, so
+torch.compile(fullgraph=True) traces it; launches go to the caller's current stream.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _jit
+from ._ops import custom_op
+from .api_logging import logged_api
+from .trace import activation as activation_traces
+from .trace import traced
+
+LABEL = "//ops:activation"
+_NAMES = {"dtype": "input.dtype"}
+
+
+@custom_op("act_and_mul", mutates=("out",))
+def _act_and_mul_op(out: torch.Tensor, input: torch.Tensor, act: str) -> None:
+    mod = _jit.module(LABEL, input.device, f"kiln.{act}_and_mul", dtype=input.dtype, names=_NAMES)
+    mod.act_and_mul(out=_jit.dl(out), input=_jit.dl(input), act=mod.acts[act],
+                    stream=_jit.stream_of(input.device))
+
+
+def _act_and_mul(act: str, input, out):
+    api = f"kiln.{act}_and_mul"
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"{api}: input must be a torch.Tensor, got {type(input).__name__}")
+    if input.dim() < 1 or input.shape[-1] % 2:
+        raise ValueError(f"{api}: input.shape[-1] must be even (2 * d), got shape {list(input.shape)}")
+    if out is None:
+        out = torch.empty((*input.shape[:-1], input.shape[-1] // 2), dtype=input.dtype, device=input.device)
+    elif not isinstance(out, torch.Tensor):
+        raise TypeError(f"{api}: out must be a torch.Tensor, got {type(out).__name__}")
+    _act_and_mul_op(out, input, act)
+    return out
+
+
+@logged_api(mutates=("out",))
+@traced(activation_traces.SILU_AND_MUL)
+def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """SwiGLU's gate: ``out = silu(input[..., :d]) * input[..., d:]``, ``silu(x) = x / (1 + e^-x)``.
+
+    Args:
+        input: ``[..., 2d]``; float32, float16 or bfloat16.
+        out: optional ``[..., d]`` output of ``input``'s dtype (must not overlap ``input``).
+
+    Returns:
+        ``out`` (a new tensor when not given).
+    """
+    return _act_and_mul("silu", input, out)
+
+
+@logged_api(mutates=("out",))
+@traced(activation_traces.GELU_AND_MUL)
+def gelu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """GeGLU with the exact GELU: ``out = gelu(input[..., :d]) * input[..., d:]``,
+    ``gelu(x) = x / 2 * (1 + erf(x / sqrt(2)))``. Shapes and dtypes as :func:`silu_and_mul`."""
+    return _act_and_mul("gelu", input, out)
+
+
+@logged_api(mutates=("out",))
+@traced(activation_traces.GELU_TANH_AND_MUL)
+def gelu_tanh_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """GeGLU with the tanh approximation: ``out = gelu_tanh(input[..., :d]) * input[..., d:]``,
+    ``gelu_tanh(x) = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))``. Shapes and dtypes as
+    :func:`silu_and_mul`."""
+    return _act_and_mul("gelu_tanh", input, out)

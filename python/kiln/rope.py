@@ -1,0 +1,341 @@
+"""Rotary positional embedding of q and k (//ops:rope), with FlashInfer's names and argument order.
+
+    apply_rope(q, k, indptr, offsets, rotary_dim=None, interleave=False, rope_scale=1, rope_theta=1e4)
+    apply_rope_pos_ids(q, k, pos_ids, rotary_dim=None, interleave=False, rope_scale=1, rope_theta=1e4)
+    apply_llama31_rope(q, k, indptr, offsets, ..., rope_scale=8, rope_theta=5e5, low_freq_factor=1,
+                       high_freq_factor=4, old_context_len=8192)
+    apply_llama31_rope_pos_ids(q, k, pos_ids, ...)
+    apply_rope_with_cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox=True)
+    ... and each one's `_inplace` variant, which rotates q and k in place and returns None.
+
+q [nnz, num_q_heads, head_dim] and k [nnz, num_k_heads, head_dim] (different head counts allowed),
+float16/bfloat16, contiguous in the last dimension with free token and head strides (views of a
+fused qkv tensor work). Positions: token t of request b (indptr[b] <= t < indptr[b+1], int32) is at
+offsets[b] + t - indptr[b]; or pos_ids[t] (int32/int64). The rotary pair i < rotary_dim / 2 turns
+by pos * freq(i), freq(i) = 1 / (rope_scale * rope_theta ** (2i / rotary_dim)) (Llama 3.1: blended
+per frequency band); NeoX style pairs (x[i], x[i + rotary_dim/2]), interleaved (GPT-J) style
+(x[2i], x[2i+1]). Dims at and past rotary_dim are left untouched bit for bit (copied into the
+outputs of the out-of-place variants); rotary_dim > head_dim is an error.
+
+The cos/sin-cache form (vLLM's and SGLang's): query [nnz, num_heads * head_size] (or
+[nnz, num_heads, head_size]), key likewise, cos_sin_cache [max_pos, rotary_dim] float32 holding
+cos in its first half and sin in its second, positions [nnz] int32/int64. A position outside
+[0, max_pos) is an index error: the CPU backend raises IndexError before writing anything; CUDA
+kernels skip the token and record it for kiln.check_errors() (KILN_VALIDATE_INDICES=1 checks after
+every call).
+
+Each function is a torch custom op (kiln::rope_indptr, kiln::rope_pos_ids, kiln::rope_cos_sin_cache
+and their _inplace ops) with a fake implementation; launches go to the caller's current stream.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import _jit, errors
+from ._ops import custom_op
+from .api_logging import logged_api
+from .trace import rope as rope_traces
+from .trace import traced
+
+LABEL = "//ops:rope"
+_NAMES = {"dtype": "q.dtype"}
+
+
+def _module(api: str, q: torch.Tensor):
+    return _jit.module(LABEL, q.device, api, dtype=q.dtype, names=_NAMES)
+
+
+def _indptr(mod, q_out, k_out, q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta,
+            smooth_a, smooth_b):
+    dl = _jit.dl
+    mod.rope_indptr(q_out=dl(q_out), k_out=dl(k_out), q=dl(q), k=dl(k), indptr=dl(indptr),
+                    offsets=dl(offsets), rotary_dim=rotary_dim, interleave=interleave,
+                    rope_scale=rope_scale, rope_theta=rope_theta, smooth_a=smooth_a, smooth_b=smooth_b,
+                    errors=errors.record_address(q.device), stream=_jit.stream_of(q.device))
+    errors.after_launch(q.device)
+
+
+def _pos_ids(mod, q_out, k_out, q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta,
+             smooth_a, smooth_b):
+    dl = _jit.dl
+    mod.rope_pos_ids(q_out=dl(q_out), k_out=dl(k_out), q=dl(q), k=dl(k), pos_ids=dl(pos_ids),
+                     rotary_dim=rotary_dim, interleave=interleave, rope_scale=rope_scale,
+                     rope_theta=rope_theta, smooth_a=smooth_a, smooth_b=smooth_b,
+                     errors=errors.record_address(q.device), stream=_jit.stream_of(q.device))
+    errors.after_launch(q.device)
+
+
+def _cos_sin(mod, q_out, k_out, q, k, positions, cos_sin_cache, interleave):
+    dl = _jit.dl
+    mod.rope_cos_sin_cache(q_out=dl(q_out), k_out=dl(k_out), q=dl(q), k=dl(k), positions=dl(positions),
+                           cos_sin_cache=dl(cos_sin_cache), interleave=interleave,
+                           errors=errors.record_address(q.device), stream=_jit.stream_of(q.device))
+    errors.after_launch(q.device)
+
+
+# The custom ops: out-of-place ones write q_out/k_out, in-place ones q/k (never both aliased in one
+# op, so torch.compile's functionalisation sees plain mutations).
+@custom_op("rope_indptr", mutates=("q_out", "k_out"))
+def _rope_indptr_op(q_out: torch.Tensor, k_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                    indptr: torch.Tensor, offsets: torch.Tensor, rotary_dim: int, interleave: bool,
+                    rope_scale: float, rope_theta: float, smooth_a: float, smooth_b: float) -> None:
+    _indptr(_module("kiln.apply_rope", q), q_out, k_out, q, k, indptr, offsets, rotary_dim, interleave,
+            rope_scale, rope_theta, smooth_a, smooth_b)
+
+
+@custom_op("rope_indptr_inplace", mutates=("q", "k"))
+def _rope_indptr_inplace_op(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor, offsets: torch.Tensor,
+                            rotary_dim: int, interleave: bool, rope_scale: float, rope_theta: float,
+                            smooth_a: float, smooth_b: float) -> None:
+    _indptr(_module("kiln.apply_rope_inplace", q), q, k, q, k, indptr, offsets, rotary_dim, interleave,
+            rope_scale, rope_theta, smooth_a, smooth_b)
+
+
+@custom_op("rope_pos_ids", mutates=("q_out", "k_out"))
+def _rope_pos_ids_op(q_out: torch.Tensor, k_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                     pos_ids: torch.Tensor, rotary_dim: int, interleave: bool, rope_scale: float,
+                     rope_theta: float, smooth_a: float, smooth_b: float) -> None:
+    _pos_ids(_module("kiln.apply_rope_pos_ids", q), q_out, k_out, q, k, pos_ids, rotary_dim, interleave,
+             rope_scale, rope_theta, smooth_a, smooth_b)
+
+
+@custom_op("rope_pos_ids_inplace", mutates=("q", "k"))
+def _rope_pos_ids_inplace_op(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor, rotary_dim: int,
+                             interleave: bool, rope_scale: float, rope_theta: float, smooth_a: float,
+                             smooth_b: float) -> None:
+    _pos_ids(_module("kiln.apply_rope_pos_ids_inplace", q), q, k, q, k, pos_ids, rotary_dim, interleave,
+             rope_scale, rope_theta, smooth_a, smooth_b)
+
+
+@custom_op("rope_cos_sin_cache", mutates=("q_out", "k_out"))
+def _rope_cos_sin_op(q_out: torch.Tensor, k_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                     positions: torch.Tensor, cos_sin_cache: torch.Tensor, interleave: bool) -> None:
+    _cos_sin(_module("kiln.apply_rope_with_cos_sin_cache", q), q_out, k_out, q, k, positions,
+             cos_sin_cache, interleave)
+
+
+@custom_op("rope_cos_sin_cache_inplace", mutates=("q", "k"))
+def _rope_cos_sin_inplace_op(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                             cos_sin_cache: torch.Tensor, interleave: bool) -> None:
+    _cos_sin(_module("kiln.apply_rope_with_cos_sin_cache_inplace", q), q, k, q, k, positions,
+             cos_sin_cache, interleave)
+
+
+def _check_tensors(api: str, **tensors) -> None:
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{api}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    q = tensors.get("q")
+    if q is not None and q.dim() != 3:
+        raise ValueError(f"{api}: q must be [nnz, num_q_heads, head_dim], got shape {list(q.shape)}")
+
+
+def _rotary_dim(q: torch.Tensor, rotary_dim: int | None) -> int:
+    return int(q.shape[-1]) if rotary_dim is None else int(rotary_dim)
+
+
+def llama31_smoothing(api: str, low_freq_factor: float, high_freq_factor: float,
+                      old_context_len: float) -> tuple[float, float]:
+    """Llama 3.1's band blend as smooth = clamp(freq * a + b, 0, 1): a = old_context_len /
+    (2 pi (high - low)), b = -low / (high - low) (ops/rope/rope.h)."""
+    if not low_freq_factor > 0:
+        raise ValueError(f"{api}: low_freq_factor must be > 0, got {low_freq_factor}")
+    if not high_freq_factor > low_freq_factor:
+        raise ValueError(f"{api}: high_freq_factor must be > low_freq_factor ({low_freq_factor}), "
+                         f"got {high_freq_factor}")
+    if not old_context_len > 0:
+        raise ValueError(f"{api}: old_context_len must be > 0, got {old_context_len}")
+    a = old_context_len / (2 * math.pi * (high_freq_factor - low_freq_factor))
+    b = -low_freq_factor / (high_freq_factor - low_freq_factor)
+    return a, b
+
+
+def _new(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+# ---- indptr / offsets ------------------------------------------------------------------------
+
+@logged_api
+@traced(rope_traces.APPLY_ROPE)
+def apply_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor, offsets: torch.Tensor,
+               rotary_dim: int | None = None, interleave: bool = False, rope_scale: float = 1,
+               rope_theta: float = 1e4) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE of q and k into new tensors; token t of request b is at ``offsets[b] + t - indptr[b]``.
+
+    Args:
+        q: ``[nnz, num_q_heads, head_dim]``, float16 or bfloat16.
+        k: ``[nnz, num_k_heads, head_dim]``, the dtype of ``q``.
+        indptr: ``[batch + 1]`` int32, request b holds tokens ``[indptr[b], indptr[b + 1])``.
+        offsets: ``[batch]`` int32, the position of each request's first token.
+        rotary_dim: dims rotated (even, <= head_dim; default head_dim); the rest are copied.
+        interleave: pairs ``(x[2i], x[2i + 1])`` (GPT-J) instead of ``(x[i], x[i + rotary_dim/2])``.
+        rope_scale, rope_theta: ``freq(i) = 1 / (rope_scale * rope_theta ** (2i / rotary_dim))``.
+
+    Returns:
+        ``(q_rope, k_rope)``, new tensors of q's and k's shapes.
+    """
+    _check_tensors("kiln.apply_rope", q=q, k=k, indptr=indptr, offsets=offsets)
+    q_out, k_out = _new(q), _new(k)
+    _rope_indptr_op(q_out, k_out, q, k, indptr, offsets, _rotary_dim(q, rotary_dim), interleave,
+                    float(rope_scale), float(rope_theta), 0.0, 0.0)
+    return q_out, k_out
+
+
+@logged_api(mutates=("q", "k"))
+@traced(rope_traces.APPLY_ROPE_INPLACE)
+def apply_rope_inplace(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor, offsets: torch.Tensor,
+                       rotary_dim: int | None = None, interleave: bool = False, rope_scale: float = 1,
+                       rope_theta: float = 1e4) -> None:
+    """:func:`apply_rope` in place: q and k (which must not overlap) are rotated where they are."""
+    _check_tensors("kiln.apply_rope_inplace", q=q, k=k, indptr=indptr, offsets=offsets)
+    _rope_indptr_inplace_op(q, k, indptr, offsets, _rotary_dim(q, rotary_dim), interleave,
+                            float(rope_scale), float(rope_theta), 0.0, 0.0)
+
+
+@logged_api
+@traced(rope_traces.APPLY_LLAMA31_ROPE)
+def apply_llama31_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor, offsets: torch.Tensor,
+                       rotary_dim: int | None = None, interleave: bool = False, rope_scale: float = 8,
+                       rope_theta: float = 5e5, low_freq_factor: float = 1, high_freq_factor: float = 4,
+                       old_context_len: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`apply_rope` with Llama 3.1's frequency scaling: per frequency f, ``s = clamp((
+    old_context_len * f / (2 pi) - low_freq_factor) / (high_freq_factor - low_freq_factor), 0, 1)``
+    and ``freq = (1 - s) * f / rope_scale + s * f`` (long wavelengths scaled, short ones kept)."""
+    api = "kiln.apply_llama31_rope"
+    _check_tensors(api, q=q, k=k, indptr=indptr, offsets=offsets)
+    a, b = llama31_smoothing(api, low_freq_factor, high_freq_factor, old_context_len)
+    q_out, k_out = _new(q), _new(k)
+    _rope_indptr_op(q_out, k_out, q, k, indptr, offsets, _rotary_dim(q, rotary_dim), interleave,
+                    float(rope_scale), float(rope_theta), a, b)
+    return q_out, k_out
+
+
+@logged_api(mutates=("q", "k"))
+@traced(rope_traces.APPLY_LLAMA31_ROPE_INPLACE)
+def apply_llama31_rope_inplace(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor, offsets: torch.Tensor,
+                               rotary_dim: int | None = None, interleave: bool = False, rope_scale: float = 8,
+                               rope_theta: float = 5e5, low_freq_factor: float = 1,
+                               high_freq_factor: float = 4, old_context_len: int = 8192) -> None:
+    """:func:`apply_llama31_rope` in place."""
+    api = "kiln.apply_llama31_rope_inplace"
+    _check_tensors(api, q=q, k=k, indptr=indptr, offsets=offsets)
+    a, b = llama31_smoothing(api, low_freq_factor, high_freq_factor, old_context_len)
+    _rope_indptr_inplace_op(q, k, indptr, offsets, _rotary_dim(q, rotary_dim), interleave,
+                            float(rope_scale), float(rope_theta), a, b)
+
+
+# ---- position ids ----------------------------------------------------------------------------
+
+@logged_api
+@traced(rope_traces.APPLY_ROPE_POS_IDS)
+def apply_rope_pos_ids(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
+                       rotary_dim: int | None = None, interleave: bool = False, rope_scale: float = 1,
+                       rope_theta: float = 1e4) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`apply_rope` with token t at ``pos_ids[t]`` (``[nnz]``, int32 or int64)."""
+    _check_tensors("kiln.apply_rope_pos_ids", q=q, k=k, pos_ids=pos_ids)
+    q_out, k_out = _new(q), _new(k)
+    _rope_pos_ids_op(q_out, k_out, q, k, pos_ids, _rotary_dim(q, rotary_dim), interleave,
+                     float(rope_scale), float(rope_theta), 0.0, 0.0)
+    return q_out, k_out
+
+
+@logged_api(mutates=("q", "k"))
+@traced(rope_traces.APPLY_ROPE_POS_IDS_INPLACE)
+def apply_rope_pos_ids_inplace(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
+                               rotary_dim: int | None = None, interleave: bool = False,
+                               rope_scale: float = 1, rope_theta: float = 1e4) -> None:
+    """:func:`apply_rope_pos_ids` in place."""
+    _check_tensors("kiln.apply_rope_pos_ids_inplace", q=q, k=k, pos_ids=pos_ids)
+    _rope_pos_ids_inplace_op(q, k, pos_ids, _rotary_dim(q, rotary_dim), interleave, float(rope_scale),
+                             float(rope_theta), 0.0, 0.0)
+
+
+@logged_api
+@traced(rope_traces.APPLY_LLAMA31_ROPE_POS_IDS)
+def apply_llama31_rope_pos_ids(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
+                               rotary_dim: int | None = None, interleave: bool = False,
+                               rope_scale: float = 8, rope_theta: float = 5e5, low_freq_factor: float = 1,
+                               high_freq_factor: float = 4,
+                               old_context_len: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`apply_llama31_rope` with token t at ``pos_ids[t]``."""
+    api = "kiln.apply_llama31_rope_pos_ids"
+    _check_tensors(api, q=q, k=k, pos_ids=pos_ids)
+    a, b = llama31_smoothing(api, low_freq_factor, high_freq_factor, old_context_len)
+    q_out, k_out = _new(q), _new(k)
+    _rope_pos_ids_op(q_out, k_out, q, k, pos_ids, _rotary_dim(q, rotary_dim), interleave,
+                     float(rope_scale), float(rope_theta), a, b)
+    return q_out, k_out
+
+
+@logged_api(mutates=("q", "k"))
+@traced(rope_traces.APPLY_LLAMA31_ROPE_POS_IDS_INPLACE)
+def apply_llama31_rope_pos_ids_inplace(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
+                                       rotary_dim: int | None = None, interleave: bool = False,
+                                       rope_scale: float = 8, rope_theta: float = 5e5,
+                                       low_freq_factor: float = 1, high_freq_factor: float = 4,
+                                       old_context_len: int = 8192) -> None:
+    """:func:`apply_llama31_rope_pos_ids` in place."""
+    api = "kiln.apply_llama31_rope_pos_ids_inplace"
+    _check_tensors(api, q=q, k=k, pos_ids=pos_ids)
+    a, b = llama31_smoothing(api, low_freq_factor, high_freq_factor, old_context_len)
+    _rope_pos_ids_inplace_op(q, k, pos_ids, _rotary_dim(q, rotary_dim), interleave, float(rope_scale),
+                             float(rope_theta), a, b)
+
+
+# ---- cos/sin cache (vLLM / SGLang) -----------------------------------------------------------
+
+def _heads(api: str, name: str, t: torch.Tensor, head_size: int) -> torch.Tensor:
+    """[nnz, heads * head_size] -> [nnz, heads, head_size] (a view); 3-D passes through."""
+    if t.dim() == 3 and t.shape[-1] == head_size:
+        return t
+    if t.dim() != 2 or head_size <= 0 or t.shape[-1] % head_size:
+        raise ValueError(f"{api}: {name} must be [nnz, num_heads * head_size] or [nnz, num_heads, "
+                         f"head_size] with head_size = {head_size}, got shape {list(t.shape)}")
+    return t.unflatten(-1, (-1, head_size))
+
+
+def _cos_sin_args(api, positions, query, key, head_size, cos_sin_cache):
+    _check_tensors(api, positions=positions, query=query, key=key, cos_sin_cache=cos_sin_cache)
+    return _heads(api, "query", query, head_size), _heads(api, "key", key, head_size)
+
+
+@logged_api
+@traced(rope_traces.APPLY_ROPE_WITH_COS_SIN_CACHE)
+def apply_rope_with_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                                  head_size: int, cos_sin_cache: torch.Tensor,
+                                  is_neox: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE with cos/sin read from a cache (vLLM's form).
+
+    Args:
+        positions: ``[nnz]`` int32 or int64, rows of ``cos_sin_cache``.
+        query: ``[nnz, num_q_heads * head_size]`` (or ``[nnz, num_q_heads, head_size]``), fp16/bf16.
+        key: ``[nnz, num_k_heads * head_size]`` likewise.
+        head_size: the head dimension.
+        cos_sin_cache: ``[max_pos, rotary_dim]`` float32: cos in ``[:, :rotary_dim/2]``, sin in
+            ``[:, rotary_dim/2:]``; ``rotary_dim <= head_size``.
+        is_neox: NeoX pairs ``(x[i], x[i + rotary_dim/2])``; False: interleaved ``(x[2i], x[2i+1])``.
+
+    Returns:
+        ``(query_out, key_out)``, new tensors of query's and key's shapes.
+    """
+    api = "kiln.apply_rope_with_cos_sin_cache"
+    q, k = _cos_sin_args(api, positions, query, key, head_size, cos_sin_cache)
+    query_out, key_out = _new(query), _new(key)
+    _rope_cos_sin_op(_heads(api, "query", query_out, head_size), _heads(api, "key", key_out, head_size), q, k,
+                     positions, cos_sin_cache, not is_neox)
+    return query_out, key_out
+
+
+@logged_api(mutates=("query", "key"))
+@traced(rope_traces.APPLY_ROPE_WITH_COS_SIN_CACHE_INPLACE)
+def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                                          head_size: int, cos_sin_cache: torch.Tensor,
+                                          is_neox: bool = True) -> None:
+    """:func:`apply_rope_with_cos_sin_cache` in place (query and key must not overlap)."""
+    api = "kiln.apply_rope_with_cos_sin_cache_inplace"
+    q, k = _cos_sin_args(api, positions, query, key, head_size, cos_sin_cache)
+    _rope_cos_sin_inplace_op(q, k, positions, cos_sin_cache, not is_neox)
