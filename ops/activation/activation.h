@@ -34,14 +34,16 @@ inline constexpr float kInvSqrt2 = 0.70710678118654752440f;
 inline constexpr float kSqrt2OverPi = 0.79788456080286535588f;
 inline constexpr float kGeluTanhCubic = 0.044715f;
 
-// One definition of each activation for both backends (expf/erff/tanhf are the host's std
+// One definition of each activation for both backends (expf/erfcf/tanhf are the host's std
 // functions under the host compiler and CUDA's full-precision ones under nvcc).
 template <Act A>
 KILN_HOST_DEVICE float apply(float x) {
   if constexpr (A == Act::kSilu) {
     return x / (1.0f + expf(-x));
   } else if constexpr (A == Act::kGelu) {
-    return 0.5f * x * (1.0f + erff(x * kInvSqrt2));
+    // 1 + erf(x / sqrt 2) as erfc(-x / sqrt 2): no cancellation for negative x, where 1 + erf
+    // loses every digit (the float64 reference sees the difference from x ~ -4 on).
+    return 0.5f * x * erfcf(-x * kInvSqrt2);
   } else {
     return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kGeluTanhCubic * x * x * x)));
   }

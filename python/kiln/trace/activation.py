@@ -3,7 +3,7 @@
 Axes: `tokens` (var: rows in the batch) x `intermediate` (const: the MLP's intermediate size d; the
 input row holds the gate and up projections, 2d). The reference computes in float64 from the
 definitions. Tolerances per dtype: the kernel rounds once at the output (half an ulp: 2^-24, 2^-11,
-2^-8 relative) after float32 arithmetic; fp32 allows ~1e-5 relative for expf/erff/tanhf's few-ulp
+2^-8 relative) after float32 arithmetic; fp32 allows ~1e-5 relative for expf/erfcf/tanhf's few-ulp
 errors, the 16-bit types one ulp.
 """
 

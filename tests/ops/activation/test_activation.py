@@ -165,7 +165,10 @@ def test_torch_compile_fullgraph(device):
 
     backend = "inductor" if device == "cuda" else "aot_eager"
     compiled = torch.compile(mlp, fullgraph=True, backend=backend)
-    torch.testing.assert_close(compiled(x), mlp(x), rtol=0, atol=0)
+    if backend == "aot_eager":  # the same ops in the same order: bit for bit
+        torch.testing.assert_close(compiled(x), mlp(x), rtol=0, atol=0)
+    else:  # inductor fuses the additions around kiln's ops in float32 and rounds once to bf16
+        torch.testing.assert_close(compiled(x).float(), mlp(x).float(), rtol=1.6e-2, atol=2e-2)
 
 
 def test_custom_op_is_registered_with_a_fake_implementation():
