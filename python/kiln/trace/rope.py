@@ -143,8 +143,8 @@ def apply_rope_reference(q, k, indptr, offsets, rotary_dim, interleave, rope_sca
     return {"q_rope": qr, "k_rope": kr}
 
 
-def apply_rope_inplace_reference(q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta):
-    out = apply_rope_reference(q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta)
+def apply_rope_inplace_reference(**inputs):  # the rotated q and k, written over the inputs
+    out = apply_rope_reference(**inputs)
     return {"q": out["q_rope"], "k": out["k_rope"]}
 
 
@@ -184,32 +184,8 @@ def apply_llama31_rope_reference(
     return {"q_rope": qr, "k_rope": kr}
 
 
-def apply_llama31_rope_inplace_reference(
-    q,
-    k,
-    indptr,
-    offsets,
-    rotary_dim,
-    interleave,
-    rope_scale,
-    rope_theta,
-    low_freq_factor,
-    high_freq_factor,
-    old_context_len,
-):
-    out = apply_llama31_rope_reference(
-        q,
-        k,
-        indptr,
-        offsets,
-        rotary_dim,
-        interleave,
-        rope_scale,
-        rope_theta,
-        low_freq_factor,
-        high_freq_factor,
-        old_context_len,
-    )
+def apply_llama31_rope_inplace_reference(**inputs):
+    out = apply_llama31_rope_reference(**inputs)
     return {"q": out["q_rope"], "k": out["k_rope"]}
 
 
@@ -238,30 +214,8 @@ def apply_llama31_rope_pos_ids_reference(
     return {"q_rope": qr, "k_rope": kr}
 
 
-def apply_llama31_rope_pos_ids_inplace_reference(
-    q,
-    k,
-    pos_ids,
-    rotary_dim,
-    interleave,
-    rope_scale,
-    rope_theta,
-    low_freq_factor,
-    high_freq_factor,
-    old_context_len,
-):
-    out = apply_llama31_rope_pos_ids_reference(
-        q,
-        k,
-        pos_ids,
-        rotary_dim,
-        interleave,
-        rope_scale,
-        rope_theta,
-        low_freq_factor,
-        high_freq_factor,
-        old_context_len,
-    )
+def apply_llama31_rope_pos_ids_inplace_reference(**inputs):
+    out = apply_llama31_rope_pos_ids_reference(**inputs)
     return {"q": out["q_rope"], "k": out["k_rope"]}
 
 
