@@ -42,6 +42,7 @@
 #include "ops/common/math.h"
 #include "ops/common/mma.cuh"
 #include "ops/common/sm90.cuh"
+#include "ops/common/tma_host.h"
 
 namespace kiln::attention {
 
@@ -464,38 +465,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
 
 namespace sm90_host {
 
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// cuTensorMapEncodeTiled through the runtime's driver entry point: nothing links libcuda.
-inline EncodeTiled encoder() {
-  static EncodeTiled fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      f = nullptr;
-    }
-    return reinterpret_cast<EncodeTiled>(f);
-  }();
-  return fn;
-}
-
 template <typename T>
 constexpr CUtensorMapDataType tma_dtype() {
   return sizeof(T) == 2 && std::is_same_v<T, bf16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-}
-
-// Strides a TMA map accepts: multiples of 16 bytes below 2^40.
-inline bool tma_stride_ok(int64_t elems, int64_t elem_bytes) {
-  const int64_t b = elems * elem_bytes;
-  return b > 0 && b % 16 == 0 && b < (int64_t(1) << 40);
-}
-
-inline bool aligned16(const void* ptr) {
-  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
 }
 
 }  // namespace sm90_host
@@ -541,17 +514,17 @@ bool prefill_sm90_supported(const PrefillParams& p, int device, std::string* why
   }
   if (cached[device] == -1) return no("the device is not compute capability 9.0");
   if (cached[device] == -2) return no("the module has no sm_90a machine code (9.0a not in its arch list)");
-  if (sm90_host::encoder() == nullptr) return no("the driver has no cuTensorMapEncodeTiled");
+  if (tma::encoder() == nullptr) return no("the driver has no cuTensorMapEncodeTiled");
   if (prefill_sm90_boxes<T, HEAD_DIM>(p).rows == 0) {
     return no("page_size " + std::to_string(p.kv.page_size) + " neither divides nor is a multiple of the KV tile");
   }
   const int64_t e = sizeof(T);
   const PagedKV& kv = p.kv;
-  if (!sm90_host::aligned16(p.q) || !sm90_host::aligned16(kv.k) || !sm90_host::aligned16(kv.v) ||
-      !sm90_host::tma_stride_ok(p.q_stride_n, e) || !sm90_host::tma_stride_ok(p.q_stride_h, e) ||
-      !sm90_host::tma_stride_ok(kv.k_page_stride, e) || !sm90_host::tma_stride_ok(kv.k_head_stride, e) ||
-      !sm90_host::tma_stride_ok(kv.v_page_stride, e) || !sm90_host::tma_stride_ok(kv.v_head_stride, e) ||
-      !sm90_host::tma_stride_ok(kv.k_slot_stride, e) || !sm90_host::tma_stride_ok(kv.v_slot_stride, e)) {
+  if (!tma::aligned16(p.q) || !tma::aligned16(kv.k) || !tma::aligned16(kv.v) || !tma::stride_ok(p.q_stride_n * e) ||
+      !tma::stride_ok(p.q_stride_h * e) || !tma::stride_ok(kv.k_page_stride * e) ||
+      !tma::stride_ok(kv.k_head_stride * e) || !tma::stride_ok(kv.v_page_stride * e) ||
+      !tma::stride_ok(kv.v_head_stride * e) || !tma::stride_ok(kv.k_slot_stride * e) ||
+      !tma::stride_ok(kv.v_slot_stride * e)) {
     return no("q, k or v is not 16-byte aligned or has a stride TMA cannot take");
   }
   if (p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) {
@@ -572,7 +545,7 @@ Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx) {
     return Status::Error(1, "prefill (sm90a kernel): " + why);
   }
   const Sm90KvBoxes boxes = prefill_sm90_boxes<T, HEAD_DIM>(p);
-  const auto encode = sm90_host::encoder();
+  const auto encode = tma::encoder();
   const CUtensorMapDataType dt = sm90_host::tma_dtype<T>();
   const cuuint64_t e = sizeof(T);
   CUtensorMap tq{}, tk{}, tv{};

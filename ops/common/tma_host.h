@@ -1,6 +1,6 @@
 // Host side of TMA: cuTensorMapEncodeTiled through the runtime's driver entry point (nothing
-// links libcuda), and the stride/alignment rules a tensor map accepts. Used by ops/gemm.
-// (ops/attention/prefill_sm90.cuh carries its own copy of the same encoder lookup.)
+// links libcuda), and the stride/alignment rules a tensor map accepts. Used by ops/gemm and the
+// sm90a prefill kernel (ops/attention/prefill_sm90.cuh).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap and its enums only
