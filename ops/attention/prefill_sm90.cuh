@@ -13,7 +13,7 @@
 //     MN-major, the transpose bit). Each consumer overlaps its own GEMMs with its softmax (S of the
 //     next tile and P V of this one are in flight while the softmax runs), and the two take turns
 //     issuing GEMMs (named-barrier ping-pong), so one's softmax runs under the other's GEMMs.
-// setmaxnreg moves registers from the producer (40) to the consumers (232).
+// setmaxnreg moves registers from the producer (40-72, by head_dim) to the consumers (232-216).
 //
 // KV tiles come in TMA boxes of 64 head-dim columns (128 bytes, the swizzle span) by B rows:
 //   paged cache: B = min(page_size, BLOCK_N), one box per page (page_size | BLOCK_N) or one box
@@ -69,8 +69,10 @@ struct Sm90Shape {
   // mbarriers, the bad-page flag (16 bytes), and slack for the 1024-byte alignment of the base
   static constexpr size_t kSmemBytes = size_t(BAR_OFFSET) + NUM_BARS * 8 + 16 + 1024;
   // Registers a thread: producer + 2 x consumer = 3 x 168 (the launch allocation, 384 x 168 =
-  // 64512), multiples of 8. The producer's per-box page arrays need 56 at head_dim 64 (3 stages).
-  static constexpr int PRODUCER_REGS = HEAD_DIM == 64 ? 56 : 40;
+  // 64512), multiples of 8. At head_dim 64 (8 boxes a tile, 3 stages) the producer's per-box
+  // pages and destinations need 72 (56 spills to the stack); its consumers fit in the 216 left.
+  // At 128 the consumers need all 232 (224 measured 9 % slower).
+  static constexpr int PRODUCER_REGS = HEAD_DIM == 64 ? 72 : 40;
   static constexpr int CONSUMER_REGS = (3 * 168 - PRODUCER_REGS) / 2;
   static_assert(HEAD_DIM % 64 == 0, "head_dim must be a multiple of 64 (the swizzle span)");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
@@ -87,8 +89,11 @@ struct Sm90KvBoxes {
 };
 
 // Named barriers (id 0 is __syncthreads'): consumer c's turn to issue GEMMs is barrier 1 + c
-// (256 = both consumers: c syncs, the other arrives); 3 + c orders consumer c's V zeroing.
-constexpr int kSm90TurnBarrier = 1, kSm90ZeroBarrier = 3;
+// (256 = both consumers: c syncs, the other arrives); 3 + c orders consumer c's V zeroing; 5 + c
+// hands the page check's verdict (bad_kv) from the producer to consumer c's epilogue (one
+// barrier per consumer: neither waits for the other to finish).
+constexpr int kSm90TurnBarrier = 1, kSm90ZeroBarrier = 3, kSm90CheckBarrier = 5;
+constexpr int kSm90CheckThreads = 32 + 128;  // the producer's warp and one consumer
 
 template <typename T, int HEAD_DIM, bool SOFTCAP>
 __global__ void __launch_bounds__(kSm90Threads, 1)
@@ -111,9 +116,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   uint64_t* v_full = k_full + STAGES;
   uint64_t* k_empty = v_full + STAGES;
   uint64_t* v_empty = k_empty + STAGES;
-  // Set by the producer when a page id of the CTA's keys is out of range (recorded in `errors`; the
-  // box is read past the tensor map, which TMA fills with zeros): the consumers then write NaN. It
-  // is written before the tile's full barrier is armed, whose arrival releases it to them.
+  // Set when a page of the CTA's keys is not there (recorded in `errors`; its box lies past the
+  // tensor map, which TMA fills with zeros): the consumers then write NaN. The producer sets it
+  // before a tile's full barrier is armed (one-token pages) or after its last tile, before
+  // kSm90CheckBarrier, which the consumers pass before their epilogue.
   uint32_t* bad_kv = reinterpret_cast<uint32_t*>(bars + S::NUM_BARS);
 
   const PrefillCta cta = prefill_cta(p, blockIdx.x);
@@ -164,6 +170,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     const int first_page = p.kv.page_indptr[request];
     const int num_pages = p.kv.page_indptr[request + 1] - first_page;
     const int page_size = static_cast<int>(p.kv.page_size);
+    // The request's entries of page_indices, checked once here: the producer then reads them
+    // without a check of its own (an id outside the cache is a box past the tensor map).
+    const bool entries_ok = first_page >= 0 && int64_t(first_page) + max(num_pages, 0) <= p.kv.num_indices;
     // Contiguous rows along the page axis (one-token pages): all from the request's first id.
     int64_t first_id = 0;
     if (boxes.page_axis && num_tiles > 0) {
@@ -175,6 +184,11 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       if (first_id < 0) *bad_kv = 1;
     }
     const int oob = static_cast<int>(p.kv_num_pages);  // a page coordinate TMA fills with zeros
+    // Entries past page_indices are not read: such a request's boxes are not loaded at all (its
+    // outputs are poisoned, so the stale tiles they leave never reach them).
+    const int loaded_pages = entries_ok ? num_pages : 0;
+    // Whether a page the loop loads is not there: a compare per box, no branch on the issue path.
+    bool bad_page = !entries_ok && num_pages > 0 && num_tiles > 0 && !boxes.page_axis;
     const int B = boxes.rows, nbox = boxes.page_axis ? 1 : N / B;
     constexpr int MAX_BOXES = N / 16;  // B >= 16 or B == N (prefill_sm90_boxes)
     for (int i = 0; i < num_tiles; ++i) {
@@ -183,27 +197,23 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       const int tok0 = kv_start + i * N;
       // The tile's boxes: (page, first slot) each, or -1 past the request's pages (rows >= kv_len,
       // not loaded: the consumers mask them and zero V there). The page-table loads are
-      // independent (one latency, not one per box) and shared by K and V.
+      // independent (one latency, not one per box) and shared by K and V; their entries lie in
+      // [first_page, first_page + loaded_pages), checked above. An id outside the cache, negative
+      // or >= num_pages, is a box past the tensor map: TMA fills it with zeros, and the CTA's
+      // outputs are poisoned (bad_page).
       int box_page[MAX_BOXES], box_slot[MAX_BOXES];
       uint32_t bytes = 0;
-      uint32_t missing = 0;  // boxes whose page is not there (bit b: box b)
 #pragma unroll
       for (int b = 0; b < MAX_BOXES; ++b) {  // the page-table loads, all independent
         const int tok = tok0 + b * B, pi = tok / page_size;
-        const bool load = b < nbox && (boxes.page_axis || pi < num_pages);
+        const bool load = b < nbox && (boxes.page_axis || pi < loaded_pages);
         const int id = !load             ? -1
                        : boxes.page_axis ? (first_id >= 0 ? static_cast<int>(first_id) + tok0 : -1)
-                                         : static_cast<int>(load_page(p.kv, first_page, pi));
+                                         : p.kv.page_indices[first_page + pi];
         box_page[b] = !load ? -1 : id >= 0 ? id : oob;
         box_slot[b] = boxes.page_axis ? 0 : tok % page_size;
         bytes += load ? uint32_t(CHUNKS * (boxes.page_axis ? N : B) * 128) : 0u;
-        missing |= uint32_t(load && id < 0) << b;
-      }
-      if (missing != 0) {  // cold: say why (off the loads' path), and poison the CTA's outputs
-        *bad_kv = 1;
-        for (int b = 0; b < MAX_BOXES && !boxes.page_axis; ++b) {
-          if (missing >> b & 1u) record_page_error(p.kv, request, first_page, (tok0 + b * B) / page_size, errors);
-        }
+        bad_page |= load && !boxes.page_axis && static_cast<uint32_t>(id) >= static_cast<uint32_t>(oob);
       }
       auto issue = [&](const CUtensorMap* map, uint8_t* dst, uint64_t* bar) {
 #pragma unroll
@@ -223,6 +233,19 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       sm90::mbar_arrive_expect_tx(&v_full[s], bytes);
       issue(&tv, sv + s * S::KV_BYTES, &v_full[s]);
     }
+    // Every tile is issued, a few ahead of the consumers: now say which page was not there (the
+    // cold path) and hand the verdict to their epilogues.
+    if (bad_page) {  // (reads the page table again: nothing of the loop's stays live for this)
+      const int first = p.kv.page_indptr[request], pages = p.kv.page_indptr[request + 1] - first;
+      const int ps = static_cast<int>(p.kv.page_size);
+      const int pi_end = min(pages, (kv_start + num_tiles * N + ps - 1) / ps);
+      for (int pi = kv_start / ps; pi < pi_end; ++pi) {
+        if (load_page(p.kv, first, pi) < 0) record_page_error(p.kv, request, first, pi, errors);
+      }
+      *bad_kv = 1;
+    }
+    __threadfence_block();
+    for (int c = 0; c < kSm90Consumers; ++c) sm90::named_barrier_arrive(kSm90CheckBarrier + c, kSm90CheckThreads);
     return;
   }
 
@@ -440,6 +463,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
   }
+  sm90::named_barrier_sync(kSm90CheckBarrier + cw, kSm90CheckThreads);  // the page check's verdict
   const bool poisoned = *bad_kv != 0;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

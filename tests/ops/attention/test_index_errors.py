@@ -61,6 +61,28 @@ def test_prefill_with_a_page_id_past_the_cache(device, backend):
 
 
 @pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+def test_prefill_with_a_negative_page_id(device, backend):
+    # The sm90a producer passes ids on to TMA unchecked (its consumers check them): a negative
+    # one must poison exactly its request, and name the entry, as in the fa2 kernel.
+    if backend == "fa3" and (device == "cpu" or torch.cuda.get_device_capability() != (9, 0)):
+        pytest.skip("fa3 runs on compute capability 9.0 only")
+    gen = torch.Generator().manual_seed(9)
+    batch = make_paged([40, 35], 16, 2, 128, BF16, device, gen=gen)
+    pages = batch.k_cache.shape[0]
+    bad = batch.indices.clone()
+    bad[1] = -7  # request 0's second page
+    w = kiln.BatchPrefillWithPagedKVCacheWrapper(ws(device), backend=backend)
+    qo_indptr = torch.tensor([0, 40, 75], dtype=torch.int32)
+    w.plan(qo_indptr, batch.indptr, bad, batch.last_page_len, 4, 2, 128, 16, causal=False, q_data_type=BF16)
+    q = torch.randn(75, 4, 128, generator=gen).to(device, BF16)
+    message = rf"kv_indices\[1\] = -7 is not a page of the cache: valid page ids are \[0, {pages}\)"
+    out = expect_index_error(device, lambda: w.run(q, (batch.k_cache, batch.v_cache)), message)
+    if out is not None:
+        assert out[:40].isnan().all() and out[40:].isfinite().all()
+
+
+@pytest.mark.parametrize("device", device_params())
 def test_a_page_table_pointing_past_kv_indices(device):
     gen = torch.Generator().manual_seed(6)
     batch = make_paged([20], 16, 2, 64, BF16, device, gen=gen)
