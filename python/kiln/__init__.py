@@ -28,15 +28,16 @@ _API = {
     "decode": ("BatchDecodeWithPagedKVCacheWrapper", "single_decode_with_kv_cache"),
     "prefill": ("BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper",
                 "single_prefill_with_kv_cache"),
-    "cascade": ("merge_state", "merge_state_in_place", "merge_states"),
+    "cascade": ("merge_state", "merge_state_in_place", "merge_states", "MultiLevelCascadeAttentionWrapper"),
     "page": ("append_paged_kv_cache", "get_batch_indices_positions"),
     "gemm": ("mm_bf16", "bmm_bf16", "bmm_fp8", "gemm_fp8_nt_groupwise", "SegmentGEMMWrapper", "grouped_mm"),
     "errors": ("check_errors", "DeviceIndexError"),
     "autotuner": ("autotune",),
 }
 # Public names that are tools, not ops: no kernel of their own, so no trace template, benchmark
-# routine or custom op (tests/trace/test_trace_templates.py skips them).
-_TOOLS = frozenset({"check_errors", "DeviceIndexError", "autotune"})
+# routine or custom op (tests/trace/test_trace_templates.py skips them). The cascade wrapper runs
+# the traced decode, prefill and merge APIs, level by level (benchmarks/cascade.py times it).
+_TOOLS = frozenset({"check_errors", "DeviceIndexError", "autotune", "MultiLevelCascadeAttentionWrapper"})
 _OWNER = {name: module for module, names in _API.items() for name in names}
 # Submodules that are part of the API as modules.
 _SUBMODULES = ("utils",)

@@ -16,6 +16,9 @@ v is float16 or bfloat16, s float32; arithmetic in float32. An empty state has s
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 
 from . import _attention, _jit
@@ -93,3 +96,214 @@ def merge_states(v: torch.Tensor, s: torch.Tensor):
     out_lse = torch.empty((v.shape[0], v.shape[2]), dtype=torch.float32, device=v.device)
     _merge_states_op(v, s, out, out_lse)
     return out, out_lse
+
+
+# --- MultiLevelCascadeAttentionWrapper ------------------------------------------------------------
+
+# A prefill level runs as one CTA per (item of this many queries, query head) on a GPU; a level
+# with fewer CTAs than the GPU has SMs is cut along its keys (below).
+_QUERIES_PER_ITEM = 128
+_HOST_SMS = 132  # the CPU backend plans as an H200 would, so CPU tests run the GPU's schedule
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return _HOST_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def key_splits(qo_len: torch.Tensor, pages: torch.Tensor, num_qo_heads: int, sms: int) -> int:
+    """Into how many key ranges each request of a non-causal prefill level is cut: as many as
+    still fit the level in one wave of `sms` SMs (one CTA per item of 128 queries and query head,
+    one CTA an SM), at most the fewest pages any request has (every range keeps a page). 1 leaves
+    the level whole."""
+    ctas = int(((qo_len + _QUERIES_PER_ITEM - 1) // _QUERIES_PER_ITEM).sum()) * num_qo_heads
+    if ctas == 0 or pages.numel() == 0:
+        return 1
+    return max(1, min(sms // ctas, int(pages.min())))
+
+
+class MultiLevelCascadeAttentionWrapper:
+    """Cascade attention over a KV cache shared at several levels (FlashInfer's class, plan/run):
+    level 0 typically holds a prefix every request shares, the last level each request's own
+    pages. Each level is planned as its own batch over the same paged cache, and run() merges the
+    levels' attention states (merge_state_in_place) into the attention over all of them:
+
+        out[i] = softmax(q_i K^T / sqrt(d)) V over the keys of every level query i belongs to
+
+    plan(qo_indptr_arr, paged_kv_indptr_arr, paged_kv_indices_arr, paged_kv_last_page_len, ...):
+    one tensor per level each; level l's qo_indptr groups the queries into that level's requests
+    (the shared level: [0, batch], one request of all queries; the unique level: arange(batch + 1)).
+    `causal` applies to the last level only (a shared prefix lies before every query). run(q,
+    paged_kv_cache) -> out [total_q, num_qo_heads, head_dim].
+
+    How each level runs: one query per request -> paged decode (split-KV, GQA heads packed);
+    otherwise paged prefill, and a non-causal level with fewer CTAs than SMs (a shared prefix
+    seen by a decode batch: one request of 64 queries is 32 CTAs of 32 heads) has each request's
+    pages cut into key ranges run side by side, their states merged (merge_states). A CUDA graph
+    of the whole run is not supported yet (use_cuda_graph=True is refused)."""
+
+    API = "MultiLevelCascadeAttentionWrapper"
+
+    def __init__(
+        self,
+        num_levels: int,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        qo_indptr_buf_arr=None,
+        paged_kv_indptr_buf_arr=None,
+        paged_kv_indices_buf_arr=None,
+        paged_kv_last_page_len_buf_arr=None,
+        backend: str = "auto",
+    ) -> None:
+        if isinstance(num_levels, bool) or not isinstance(num_levels, int) or num_levels < 1:
+            raise ValueError(f"{self.API}: num_levels must be a positive int, got {num_levels!r}")
+        if use_cuda_graph:
+            raise ValueError(f"{self.API}: use_cuda_graph=True is not supported yet (run the levels eagerly)")
+        self._device = _attention.workspace_bytes(float_workspace_buffer, self.API).device
+        self._workspace = float_workspace_buffer
+        self._kv_layout = _attention.check_layout(kv_layout, self.API)
+        self._backend = backend
+        self._num_levels = num_levels
+        self._levels = None
+
+    def plan(
+        self,
+        qo_indptr_arr,
+        paged_kv_indptr_arr,
+        paged_kv_indices_arr,
+        paged_kv_last_page_len,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        sm_scale: float | None = None,
+        window_left: int = -1,
+        logits_soft_cap: float | None = None,
+        rope_scale=None,
+        rope_theta=None,
+        q_data_type="float16",
+        kv_data_type=None,
+    ) -> None:
+        api = self.API + ".plan"
+        arrays = {"qo_indptr_arr": qo_indptr_arr, "paged_kv_indptr_arr": paged_kv_indptr_arr,
+                  "paged_kv_indices_arr": paged_kv_indices_arr,
+                  "paged_kv_last_page_len": paged_kv_last_page_len}
+        for name, arr in arrays.items():
+            if not isinstance(arr, (list, tuple)) or len(arr) != self._num_levels:
+                got = len(arr) if isinstance(arr, (list, tuple)) else type(arr).__name__
+                raise ValueError(f"{api}: {name} must be a list of {self._num_levels} tensors (one per "
+                                 f"level), got {got}")
+        if window_left >= 0 and self._num_levels > 1:
+            raise ValueError(f"{api}: window_left={window_left} is not supported across levels (a window "
+                             "counts back from each query over all levels' keys)")
+        common = dict(sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
+                      kv_data_type=kv_data_type, pos_encoding_mode=pos_encoding_mode)
+        levels, total = [], None
+        for i in range(self._num_levels):
+            qo_h = _attention.index_tensor(qo_indptr_arr[i], f"qo_indptr_arr[{i}]", api)
+            qo_h = qo_h.to("cpu", torch.int64)
+            if qo_h.numel() < 1 or int(qo_h[0]) != 0 or bool((qo_h[1:] < qo_h[:-1]).any()):
+                raise ValueError(f"{api}: qo_indptr_arr[{i}] must start at 0 and be non-decreasing")
+            if total is None:
+                total = int(qo_h[-1])
+            elif int(qo_h[-1]) != total:
+                raise ValueError(f"{api}: qo_indptr_arr[{i}] covers {int(qo_h[-1])} queries, level 0 "
+                                 f"covers {total}: every level holds every query")
+            level = _Level.plan(self, i == self._num_levels - 1 and causal, qo_h, paged_kv_indptr_arr[i],
+                                paged_kv_indices_arr[i], paged_kv_last_page_len[i], num_qo_heads,
+                                num_kv_heads, head_dim, page_size, window_left, common, f"{api} level {i}")
+            levels.append(level)
+        self._levels = levels
+        self._total_q = total
+
+    begin_forward = plan
+
+    def run(self, q: torch.Tensor, paged_kv_cache) -> torch.Tensor:
+        """out [total_q, num_qo_heads, head_dim]: the last level's attention state merged with
+        every other level's, in level order after it."""
+        if self._levels is None:
+            raise RuntimeError(f"{self.API}.run called before plan()")
+        if not isinstance(q, torch.Tensor) or q.dim() != 3 or q.shape[0] != self._total_q:
+            shape = list(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
+            raise ValueError(f"{self.API}.run: q must be [{self._total_q}, num_qo_heads, head_dim] (the "
+                             f"planned queries), got {shape}")
+        out, lse = self._levels[-1].run(q, paged_kv_cache)
+        for level in self._levels[:-1]:
+            out_i, lse_i = level.run(q, paged_kv_cache)
+            merge_state_in_place(out, lse, out_i, lse_i)
+        return out
+
+    forward = run
+
+
+@dataclass
+class _Level:
+    """One level of a cascade: the wrapper that runs it, and for a prefill level cut along its
+    keys, the query rows its cut requests read (gather) and where each state lands (order)."""
+
+    wrapper: object
+    splits: int
+    gather: torch.Tensor | None  # rows of q, request by request and key range by key range
+    order: torch.Tensor | None  # rows of the result, query by query then key range
+
+    @staticmethod
+    def plan(owner, causal, qo_h, kv_indptr, kv_indices, last_page_len, num_qo_heads, num_kv_heads,
+             head_dim, page_size, window_left, common, api):
+        from .decode import BatchDecodeWithPagedKVCacheWrapper
+        from .prefill import BatchPrefillWithPagedKVCacheWrapper
+
+        qo_len = qo_h[1:] - qo_h[:-1]
+        num_indices = _attention.index_tensor(kv_indices, "indices", api).numel()
+        indptr_h, _ = _attention.paged_kv_lengths(kv_indptr, last_page_len, page_size, num_indices, api)
+        if indptr_h.numel() != qo_h.numel():
+            raise ValueError(f"{api}: {qo_h.numel() - 1} requests in qo_indptr but "
+                             f"{indptr_h.numel() - 1} in paged_kv_indptr")
+        device = owner._device
+        if qo_len.numel() and bool((qo_len == 1).all()):
+            w = BatchDecodeWithPagedKVCacheWrapper(owner._workspace, owner._kv_layout)
+            w.plan(kv_indptr, kv_indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+                   window_left=window_left, **common)
+            return _Level(w, 1, None, None)
+        pages = indptr_h[1:] - indptr_h[:-1]
+        splits = 1 if causal else key_splits(qo_len, pages, num_qo_heads, _sm_count(device))
+        w = BatchPrefillWithPagedKVCacheWrapper(owner._workspace, owner._kv_layout, backend=owner._backend)
+        if splits == 1:
+            w.plan(qo_h.to(torch.int32), kv_indptr, kv_indices, last_page_len, num_qo_heads, num_kv_heads,
+                   head_dim, page_size, causal=causal, window_left=window_left, **common)
+            return _Level(w, 1, None, None)
+        # Request r's pages [p0, p1) cut into `splits` ranges of near-equal page counts, each a
+        # request of its own over r's queries: ranges (r, 0), (r, 1), ... follow each other.
+        last_h = _attention.index_tensor(last_page_len, "last_page_len", api).to("cpu", torch.int64)
+        j = torch.arange(splits + 1)
+        cut = indptr_h[:-1, None] + (pages[:, None] * j[None, :]) // splits  # [batch, splits + 1]
+        new_indptr = torch.cat([cut[:, :-1].reshape(-1) - cut[0, 0], (cut[-1, -1] - cut[0, 0]).view(1)])
+        new_last = torch.full((qo_len.numel(), splits), page_size, dtype=torch.int64)
+        new_last[:, -1] = last_h
+        base = torch.repeat_interleave(qo_h[:-1], qo_len)  # first row of each query's request
+        within = torch.arange(int(qo_h[-1])) - base  # the query's row within its request
+        req = torch.repeat_interleave(torch.arange(qo_len.numel()), qo_len)
+        rows_before = (qo_h[:-1] * splits)[req]  # expanded rows of the requests before it
+        order = rows_before[:, None] + torch.arange(splits)[None, :] * qo_len[req][:, None] + within[:, None]
+        gather = torch.cat([torch.arange(int(qo_h[r]), int(qo_h[r + 1])).repeat(splits)
+                            for r in range(qo_len.numel())])
+        new_qo = torch.cat([torch.zeros(1, dtype=torch.int64),
+                            torch.cumsum(qo_len.repeat_interleave(splits), 0)])
+        indices_h = kv_indices.to("cpu", torch.int64)[int(cut[0, 0]):int(cut[-1, -1])]
+        w.plan(new_qo.to(torch.int32), new_indptr.to(torch.int32), indices_h.to(torch.int32),
+               new_last.reshape(-1).to(torch.int32), num_qo_heads, num_kv_heads, head_dim, page_size,
+               causal=False, window_left=window_left, **common)
+        return _Level(w, splits, gather.to(device), order.reshape(-1).to(device))
+
+    def run(self, q, paged_kv_cache):
+        if self.splits == 1:
+            return self.wrapper.run(q, paged_kv_cache, return_lse=True)
+        out, lse = self.wrapper.run(q.index_select(0, self.gather), paged_kv_cache, return_lse=True)
+        n, s = q.shape[0], self.splits
+        return merge_states(out.index_select(0, self.order).view(n, s, *out.shape[1:]),
+                            lse.index_select(0, self.order).view(n, s, lse.shape[-1]))
