@@ -8,9 +8,9 @@ Backends: kiln's MultiLevelCascadeAttentionWrapper (two levels), kiln's
 BatchDecodeWithPagedKVCacheWrapper over each request's full page list (prefix pages + its own),
 and FlashInfer 0.7's two where it imports. Each is checked first against a float32 attention over
 the request's keys (every request, every head), then timed with CUDA events: the median of --reps
-samples of 25 back-to-back calls (p10, p90 too), after a warm-up; each record also lists the
-kernels one call launches (torch.profiler). The floor of plain decode is its KV bytes over
-the copy bandwidth; cascade reads the prefix once.
+samples of 25 back-to-back calls (p10, p90 too), after a warm-up, eagerly and replayed from a
+CUDA graph (`graph_*`); each record also lists the kernels one call launches (torch.profiler).
+The floor of plain decode is its KV bytes over the copy bandwidth; cascade reads the prefix once.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ def main() -> int:
     ap.add_argument("--shared", type=int, default=4096, help="prefix tokens (a multiple of 16)")
     ap.add_argument("--unique", type=int, default=128, help="tokens of each request (a multiple of 16)")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--no-peers", action="store_true", help="leave FlashInfer out (its JIT takes minutes)")
     ap.add_argument("--out")
     args = ap.parse_args()
     import kiln
@@ -82,6 +83,8 @@ def main() -> int:
 
     backends = [("kiln cascade", lambda: cascade(kiln)), ("kiln decode", lambda: decode(kiln))]
     try:
+        if args.no_peers:
+            raise ImportError("--no-peers")
         import flashinfer
 
         fv = getattr(flashinfer, "__version__", "?")
@@ -107,6 +110,23 @@ def main() -> int:
             qs = statistics.quantiles(t, n=10)
             row.update(timing="cuda_events, 25 calls per sample", reps=args.reps,
                        median_us=statistics.median(t), p10_us=qs[0], p90_us=qs[-1], kernels=_kernels(fn))
+            # The same call replayed from a CUDA graph (as a serving engine runs decode): the
+            # launches' host cost leaves the measurement.
+            graph = torch.cuda.CUDAGraph()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                fn()
+            torch.cuda.current_stream().wait_stream(side)
+            with torch.cuda.graph(graph):
+                captured = fn()
+            graph.replay()
+            torch.cuda.synchronize()
+            same = torch.equal(captured, out)
+            tg = _time(graph.replay, args.reps)
+            qg = statistics.quantiles(tg, n=10)
+            row.update(graph_median_us=statistics.median(tg), graph_p10_us=qg[0], graph_p90_us=qg[-1],
+                       graph_replay_matches_eager=same)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "kernels"}))
     if args.out:
