@@ -20,6 +20,8 @@ import math
 import pytest
 import torch
 from helpers import device_params
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import kiln
 from kiln.trace import sampling as ref
@@ -271,6 +273,48 @@ def test_softmax_renorm_and_mask_match_the_reference(device, dtype):
         torch.testing.assert_close(
             got.double().cpu(), ref.filtered_probs(probs.cpu(), **filters), rtol=1e-5, atol=1e-9
         )
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.integers(1, 6),
+    vocab=st.integers(1, 300),
+    top_k=st.integers(-2, 320),
+    top_p=st.floats(0.05, 1.0),
+    scale=st.floats(0.1, 8.0),
+    ties=st.booleans(),
+    order=st.sampled_from(["top_k_first", "joint"]),
+    seed=st.integers(0, 2**62),
+    offset=st.integers(0, 2**40),
+)
+def test_property_tokens_and_renorm_equal_the_reference(
+    rows, vocab, top_k, top_p, scale, ties, order, seed, offset
+):
+    """Any shape, spread, per-row top_k (<= 0 and >= vocab included) and top_p, rounded logits
+    (many ties), either order: the host backend's tokens are the reference's inverse CDF at kiln's
+    Philox uniforms, and the renormalised probabilities the reference's."""
+    g = torch.Generator().manual_seed(seed % 2**31)
+    logits = scale * torch.randn((rows, vocab), generator=g)
+    if ties:
+        logits = logits.round()
+    probs = torch.softmax(logits, -1)
+    k = torch.full((rows,), top_k, dtype=torch.int32)
+    p = torch.full((rows,), top_p, dtype=torch.float32)
+    got = kiln.top_k_top_p_sampling_from_probs(
+        probs, k, p, filter_apply_order=order, seed=seed, offset=offset
+    )
+    want = ref.sample_reference(probs, seed=seed, offset=offset, top_k=k, top_p=p, order=order)
+    assert torch.equal(got, want)
+    got = kiln.top_k_top_p_sampling_from_logits(
+        logits, k, p, filter_apply_order=order, seed=seed, offset=offset
+    )
+    want = ref.sample_reference(
+        ref.softmax_float64(logits), seed=seed, offset=offset, top_k=k, top_p=p, order=order
+    )
+    assert torch.equal(got, want)
+    renorm = kiln.top_p_renorm_probs(kiln.top_k_renorm_probs(probs, k), p)
+    expected = ref.filtered_probs(ref.filtered_probs(probs, top_k=k), top_p=p)
+    torch.testing.assert_close(renorm.double(), expected, rtol=1e-5, atol=1e-9)
 
 
 # --- speculative sampling -----------------------------------------------------------------------
