@@ -21,6 +21,7 @@
 #include "ops/common/cuda_utils.cuh"
 #include "ops/common/device_error.h"
 #include "ops/common/dtypes.h"
+#include "ops/common/vec.cuh"
 #include "ops/sampling/sampling.h"
 
 namespace kiln::sampling {
@@ -44,6 +45,36 @@ struct Shared {
 template <typename T>
 __device__ __forceinline__ float load(const T* x, int64_t i) {
   return Convert<T>::to_float(x[i]);
+}
+
+// f(i, value) for every entry i < n of a row, the entries split over the block: 16-byte vectors,
+// two in flight per thread, where the row is 16-byte aligned (`vec`), single elements otherwise
+// and for the tail. A streaming pass over a 0.5 MB row is latency-bound in one CTA: the bytes in
+// flight per thread set its speed.
+template <typename T, typename F>
+__device__ __forceinline__ void for_each_value(const T* x, int64_t n, bool vec, F&& f) {
+  constexpr int V = 16 / int(sizeof(T));
+  using Vt = Vec<T, V>;
+  int64_t done = 0;
+  if (vec) {
+    const int64_t nv = n / V;
+    int64_t j = threadIdx.x;
+    for (; j + kThreads < nv; j += 2 * kThreads) {
+      const Vt a = Vt::load_ro(x + j * V);
+      const Vt b = Vt::load_ro(x + (j + kThreads) * V);
+#pragma unroll
+      for (int e = 0; e < V; ++e) f(j * V + e, a.get(e));
+#pragma unroll
+      for (int e = 0; e < V; ++e) f((j + kThreads) * V + e, b.get(e));
+    }
+    if (j < nv) {
+      const Vt a = Vt::load_ro(x + j * V);
+#pragma unroll
+      for (int e = 0; e < V; ++e) f(j * V + e, a.get(e));
+    }
+    done = nv * V;
+  }
+  for (int64_t i = done + threadIdx.x; i < n; i += kThreads) f(i, load(x, i));
 }
 
 __device__ __forceinline__ float block_max(float v, Shared& s) {
@@ -112,16 +143,16 @@ __device__ void radix_level(const T* x, const RowParams& p, float vmax, float te
     s.weight[b] = 0;
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads) {
-    const float v = load(x, i);
+  for_each_value(x, p.vocab, p.vec16, [&](int64_t, float v) {
     const uint32_t key = key_of(v, p.logits);
-    if (level > 0 && (key >> hi) != (prefix >> hi)) continue;
-    if (!in_domain(key)) continue;
+    if (level > 0 && (key >> hi) != (prefix >> hi)) return;
+    if (!in_domain(key)) return;
     const uint32_t d = (key >> shift) & uint32_t(mask);
     atomicAdd(&s.count[d], 1u);
+    if (!by_weight) return;  // a count selection (top-k) needs no weights: no exp, no 64-bit atomics
     const uint64_t w = weight_of(v, vmax, p.logits, temperature);
     if (w != 0) atomicAdd(reinterpret_cast<unsigned long long*>(&s.weight[d]), static_cast<unsigned long long>(w));
-  }
+  });
   __syncthreads();
   // Thread t owns the descending positions t * kBinsPerThread + j: bin mask - position.
   uint64_t c_local[kBinsPerThread], w_local[kBinsPerThread];
@@ -171,21 +202,19 @@ struct Threshold {
   bool found = false;
 };
 
-// The k-th largest key of the row (count selection); the kept weight comes with it.
+// The k-th largest key of the row (count selection; no weights).
 template <typename T>
 __device__ Threshold top_k_threshold(const T* x, const RowParams& p, float vmax, float temperature, int64_t k,
                                      Shared& s) {
   Threshold t;
   uint32_t prefix = 0;
-  uint64_t rank = uint64_t(k), above_weight = 0;
+  uint64_t rank = uint64_t(k);
   for (int level = 0; level < kLevels; ++level) {
     radix_level(x, p, vmax, temperature, level, prefix, rank, false, 1.0f, [](uint32_t) { return true; }, s);
     prefix |= s.sel_digit << (digit_top(level) - digit_bits(level));
     rank -= s.sel_above_count;
-    above_weight += s.sel_above_weight;
     if (s.sel_count == rank || level == kLevels - 1) {
       t.key = prefix;
-      t.kept_weight = above_weight + s.sel_weight;
       t.found = true;
       break;
     }
@@ -286,22 +315,20 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const RowParams p) {
     const T* x = static_cast<const T*>(p.input) + src * p.in_stride;
     const float temperature = p.logits ? row_temperature(p, r) : 1.0f;
     float vmax = -INFINITY;
-    for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads) {
-      const float v = load(x, i);
+    for_each_value(x, p.vocab, p.vec16, [&](int64_t, float v) {
       if (valid_value(v, p.logits)) vmax = fmaxf(vmax, v);
-    }
+    });
     vmax = block_max(vmax, s);
 
     if (p.output == Output::kSoftmax) {  // float arithmetic, no filters
       float* out = static_cast<float*>(p.out) + r * p.out_stride;
       float local = 0.0f;
-      for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads)
-        local += softmax_numerator(load(x, i), vmax, temperature);
+      for_each_value(x, p.vocab, p.vec16, [&](int64_t, float v) { local += softmax_numerator(v, vmax, temperature); });
       const float z = block_sum_f32(local, s);
-      for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads) {
-        const float e = softmax_numerator(load(x, i), vmax, temperature);
+      for_each_value(x, p.vocab, p.vec16, [&](int64_t i, float v) {
+        const float e = softmax_numerator(v, vmax, temperature);
         out[i] = z > 0.0f ? e / z : 0.0f;
-      }
+      });
       continue;
     }
 
@@ -315,8 +342,6 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const RowParams p) {
     if (k > 0 && k < p.vocab) {
       const Threshold t = top_k_threshold(x, p, vmax, temperature, k, s);
       keep = t.key;
-      kept_weight = t.kept_weight;
-      weight_known = true;
     }
     if (top_p < 1.0f) {  // NaN: no filter
       const uint32_t domain = p.order == Order::kTopKFirst ? keep : 0u;
@@ -335,6 +360,14 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const RowParams p) {
     }
 
     if (p.output == Output::kSample) {
+      if (!weight_known) {  // the kept weight, in a vectorised pass (the draw's own would be scalar)
+        uint64_t local = 0;
+        for_each_value(x, p.vocab, p.vec16, [&](int64_t, float v) {
+          if (key_of(v, p.logits) >= keep) local += weight_of(v, vmax, p.logits, temperature);
+        });
+        kept_weight = block_sum_u64(local, s);
+        weight_known = true;
+      }
       const uint64_t u = uniforms(p.seed, p.offset, r, 0).a;
       const int64_t token = block_draw(
           p.vocab,
@@ -346,22 +379,20 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const RowParams p) {
       if (threadIdx.x == 0) write_sample(p, r, token);
     } else if (p.output == Output::kProbs) {
       float local = 0.0f;
-      for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads) {
-        const float v = load(x, i);
+      for_each_value(x, p.vocab, p.vec16, [&](int64_t, float v) {
         if (key_of(v, false) >= keep && valid_value(v, false)) local += v;
-      }
+      });
       const float sum = block_sum_f32(local, s);
       float* out = static_cast<float*>(p.out) + r * p.out_stride;
-      for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads) {
-        const float v = load(x, i);
+      for_each_value(x, p.vocab, p.vec16, [&](int64_t i, float v) {
         out[i] = (valid_value(v, false) && key_of(v, false) >= keep && sum > 0.0f) ? v / sum : 0.0f;
-      }
+      });
     } else {  // kMaskedLogits
       T* out = static_cast<T*>(p.out) + r * p.out_stride;
-      for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads) {
-        const T v = x[i];
-        out[i] = key_of(Convert<T>::to_float(v), true) >= keep ? v : Convert<T>::from_float(-INFINITY);
-      }
+      // to_float then from_float is exact for every element type: the kept logits are copied.
+      for_each_value(x, p.vocab, p.vec16, [&](int64_t i, float v) {
+        out[i] = Convert<T>::from_float(key_of(v, true) >= keep ? v : -INFINITY);
+      });
     }
   }
 }
@@ -436,6 +467,7 @@ Status launch_rows(const RowParams& p, LaunchContext ctx) {
   DeviceGuard guard(ctx.device);
   RowParams q = p;
   q.errors = ctx.errors;
+  q.vec16 = reinterpret_cast<uintptr_t>(p.input) % 16 == 0 && (p.in_stride * int64_t(sizeof(T))) % 16 == 0;
   row_kernel<T><<<grid_for(p.rows), kThreads, 0, static_cast<cudaStream_t>(ctx.stream)>>>(q);
   return cuda_status(cudaGetLastError(), "sampling kernel launch");
 }

@@ -80,6 +80,7 @@ struct RowParams {
   void* out;  // kProbs / kSoftmax: [rows, vocab] float32; kMaskedLogits: the input's dtype
   int64_t out_stride;
   int64_t* errors;  // the device's index-error record (null on the host)
+  bool vec16;       // set by the CUDA launcher: every input row is 16-byte aligned (vector loads)
 };
 
 struct SpecParams {
@@ -133,9 +134,10 @@ KILN_HOST_DEVICE bool is_nan(float f) {
   return (float_bits(f) & 0x7fffffffu) > 0x7f800000u;
 }
 
-// Unsigned order of the result is the float order of f (-0 below +0); 0 is reserved for invalid.
+// Unsigned order of the result is the float order of f, -0 and +0 one key (they compare equal, so
+// they tie at a threshold); 0 is reserved for invalid entries.
 KILN_HOST_DEVICE uint32_t ordered_key(float f) {
-  const uint32_t u = float_bits(f);
+  const uint32_t u = f == 0.0f ? 0u : float_bits(f);
   const uint32_t k = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
   return k == 0u ? 1u : k;  // only -NaN patterns map to 0; they are invalid anyway
 }

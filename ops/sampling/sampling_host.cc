@@ -53,7 +53,7 @@ Selection radix_level(const Row& row, int level, uint32_t prefix, uint64_t want,
     if (!in_domain(key)) continue;
     const uint32_t d = (key >> shift) & uint32_t(mask);
     count[d] += 1;
-    weight[d] += row.weight(i);
+    if (by_weight) weight[d] += row.weight(i);
   }
   uint64_t c_total = 0, w_total = 0;
   for (int b = 0; b <= mask; ++b) {
@@ -92,16 +92,14 @@ struct Threshold {
 Threshold top_k_threshold(const Row& row, int64_t k, std::vector<uint64_t>& count, std::vector<uint64_t>& weight) {
   Threshold t;
   uint32_t prefix = 0;
-  uint64_t rank = uint64_t(k), above_weight = 0;
+  uint64_t rank = uint64_t(k);
   for (int level = 0; level < kLevels; ++level) {
     const Selection s =
         radix_level(row, level, prefix, rank, false, 1.0f, [](uint32_t) { return true; }, count, weight);
     prefix |= s.digit << (digit_top(level) - digit_bits(level));
     rank -= s.above_count;
-    above_weight += s.above_weight;
     if (s.count == rank || level == kLevels - 1) {
       t.key = prefix;
-      t.kept_weight = above_weight + s.weight;
       t.found = true;
       break;
     }
@@ -191,8 +189,6 @@ Status sample_rows(const RowParams& p, LaunchContext) {
     if (k > 0 && k < p.vocab) {
       const Threshold t = top_k_threshold(row, k, count, weight);
       keep = t.key;
-      kept_weight = t.kept_weight;
-      weight_known = true;
     }
     if (top_p < 1.0f) {
       const uint32_t domain = p.order == Order::kTopKFirst ? keep : 0u;

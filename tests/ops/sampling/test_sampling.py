@@ -155,6 +155,19 @@ def test_ties_at_the_threshold_all_stay(device):
 
 
 @pytest.mark.parametrize("device", device_params())
+def test_negative_and_positive_zero_logits_tie(device):
+    """-0.0 == +0.0: a threshold falling on zero keeps both (found by the hypothesis property: the
+    float keys once ordered -0 below +0, and top-p cut the tie in two)."""
+    logits = torch.tensor([[2.0, 1.0, 0.0, -0.0, 0.0, -0.0, -1.0]], device=device)
+    expected = ref.filtered_probs(ref.softmax_float64(logits.cpu()), top_p=0.9)[0]
+    assert (expected > 0).sum() == 6
+    idx = many(1, device, 40_000)
+    s = kiln.top_k_top_p_sampling_from_logits(logits, 7, 0.9, indices=idx, seed=1)
+    assert_distribution(s, expected)
+    assert kiln.top_k_mask_logits(logits, 3).isfinite().sum() == 6
+
+
+@pytest.mark.parametrize("device", device_params())
 def test_no_filter_limits_and_single_nonzero(device):
     probs = rand_probs(1, 12, seed=1).to(device)
     idx = many(1, device, 30_000)
