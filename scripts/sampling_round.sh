@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The sampling family's GPU round on the device machine (an H200, 16 cores), in one call of at most
-# ~240 s: install kiln, a cold build of //ops:sampling for this GPU (its time is the issue's
+# ~240 s: install kiln, a cold build of //ops:sampling for this GPU (its time is the
 # compile-time target), the family's GPU tests, then the benchmark routines against torch's
 # samplers (FlashInfer only with FLASHINFER=1: its sampling JIT ran past 290 s on this machine).
 # Everything lands in $OUT and is packed into ONE $OUT/results.tgz:
@@ -42,7 +42,7 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
   | tee -a "$OUT/steps.log"
 
 # 1. A cold build of the three modules (a fresh workspace): one job per module, then the f32
-#    module alone timed again from an empty build directory (the issue's "cold compile").
+#    module alone timed again from an empty build directory (the "cold compile" target).
 step "cold build //ops:sampling (cuda)"
 rm -rf "$KILN_WORKSPACE_BASE"
 timeout "$(left)" python3 -m codegen build //ops:sampling --toolchain cuda -j 3 >"$OUT/build.log" 2>&1 || status=1
@@ -63,7 +63,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   tail -n 1 "$OUT/pytest_gpu.log" | sed 's/^/pytest: /' >>"$OUT/steps.log"
 fi
 
-# 3. Benchmarks: the issue's target first (float32 and bfloat16 logits, batch 1 / 64 / 256, both
+# 3. Benchmarks: the target shape first (float32 and bfloat16 logits, batch 1 / 64 / 256, both
 #    torch samplers side by side), then every other routine at batch 1 and 256.
 if [ -z "${SKIP_BENCH:-}" ]; then
   : >"$OUT/sampling.jsonl"
