@@ -1,7 +1,7 @@
 """Routines of kiln.sampling, each against torch (what a serving stack writes without a kernel) and
 FlashInfer (when importable; CUDA only).
 
-top_k_top_p_sampling_from_logits has two torch peers, measured side by side (the target is set against the faster):
+top_k_top_p_sampling_from_logits has two torch peers, side by side (its target: the faster one):
   torch       vLLM's native sampler: sort the row, mask below the k-th and past the top-p
               prefix, softmax, and an exponential-race draw (probs / Exp(1), argmax);
   torch_topk  topk(k) first, softmax of the k, the top-p prefix among them, multinomial.
