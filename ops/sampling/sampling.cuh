@@ -40,6 +40,7 @@ struct Shared {
   uint32_t sel_digit, sel_count;
   uint64_t sel_above_count, sel_above_weight, sel_weight, sel_want;
   int64_t found;
+  float row_max;  // the row's largest valid value, when a radix level computed it
 };
 
 template <typename T>
@@ -132,9 +133,12 @@ __device__ __forceinline__ uint64_t block_sum_u64(uint64_t v, Shared& s) {
 // the domain: a count and a weight histogram of the digit, then the bin, in descending order, where
 // the running count (by_weight false) or weight (true) first reaches `want`. At level 0 of a weight
 // selection `want` is top_p_target(top_p, the domain's weight). Results in s.sel_*, for every thread.
+// with_max: the same pass also finds the row's largest valid value (s.row_max; top-k's first level
+// needs no weights, so it can run before the max is known, and the max costs no pass of its own).
 template <typename T, typename InDomain>
 __device__ void radix_level(const T* x, const RowParams& p, float vmax, float temperature, int level, uint32_t prefix,
-                            uint64_t want, bool by_weight, float top_p, InDomain in_domain, Shared& s) {
+                            uint64_t want, bool by_weight, float top_p, InDomain in_domain, Shared& s,
+                            bool with_max = false) {
   const int hi = digit_top(level);
   const int shift = hi - digit_bits(level);
   const int mask = (1 << digit_bits(level)) - 1;
@@ -143,7 +147,9 @@ __device__ void radix_level(const T* x, const RowParams& p, float vmax, float te
     s.weight[b] = 0;
   }
   __syncthreads();
+  float local_max = -INFINITY;
   for_each_value(x, p.vocab, p.vec16, [&](int64_t, float v) {
+    if (with_max && valid_value(v, p.logits)) local_max = fmaxf(local_max, v);
     const uint32_t key = key_of(v, p.logits);
     if (level > 0 && (key >> hi) != (prefix >> hi)) return;
     if (!in_domain(key)) return;
@@ -154,6 +160,10 @@ __device__ void radix_level(const T* x, const RowParams& p, float vmax, float te
     if (w != 0) atomicAdd(reinterpret_cast<unsigned long long*>(&s.weight[d]), static_cast<unsigned long long>(w));
   });
   __syncthreads();
+  if (with_max) {
+    local_max = block_max(local_max, s);
+    if (threadIdx.x == 0) s.row_max = local_max;  // read after the scans' barriers below
+  }
   // Thread t owns the descending positions t * kBinsPerThread + j: bin mask - position.
   uint64_t c_local[kBinsPerThread], w_local[kBinsPerThread];
   uint64_t c_sum = 0, w_sum = 0;
@@ -202,15 +212,16 @@ struct Threshold {
   bool found = false;
 };
 
-// The k-th largest key of the row (count selection; no weights).
+// The k-th largest key of the row (count selection; no weights). Its first level also finds the
+// row's max (s.row_max).
 template <typename T>
-__device__ Threshold top_k_threshold(const T* x, const RowParams& p, float vmax, float temperature, int64_t k,
-                                     Shared& s) {
+__device__ Threshold top_k_threshold(const T* x, const RowParams& p, float temperature, int64_t k, Shared& s) {
   Threshold t;
   uint32_t prefix = 0;
   uint64_t rank = uint64_t(k);
   for (int level = 0; level < kLevels; ++level) {
-    radix_level(x, p, vmax, temperature, level, prefix, rank, false, 1.0f, [](uint32_t) { return true; }, s);
+    radix_level(
+        x, p, 0.0f, temperature, level, prefix, rank, false, 1.0f, [](uint32_t) { return true; }, s, level == 0);
     prefix |= s.sel_digit << (digit_top(level) - digit_bits(level));
     rank -= s.sel_above_count;
     if (s.sel_count == rank || level == kLevels - 1) {
@@ -314,11 +325,21 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const RowParams p) {
     }
     const T* x = static_cast<const T*>(p.input) + src * p.in_stride;
     const float temperature = p.logits ? row_temperature(p, r) : 1.0f;
+    const int64_t k = p.output == Output::kSoftmax ? 0 : row_top_k(p, r);
+    const bool use_top_k = k > 0 && k < p.vocab;
+    // The filters: one threshold key each, combined as their maximum. Top-k first (its first level
+    // also finds the max), else a pass for the max alone.
+    uint32_t keep = 0;
     float vmax = -INFINITY;
-    for_each_value(x, p.vocab, p.vec16, [&](int64_t, float v) {
-      if (valid_value(v, p.logits)) vmax = fmaxf(vmax, v);
-    });
-    vmax = block_max(vmax, s);
+    if (use_top_k) {
+      keep = top_k_threshold(x, p, temperature, k, s).key;
+      vmax = s.row_max;
+    } else {
+      for_each_value(x, p.vocab, p.vec16, [&](int64_t, float v) {
+        if (valid_value(v, p.logits)) vmax = fmaxf(vmax, v);
+      });
+      vmax = block_max(vmax, s);
+    }
 
     if (p.output == Output::kSoftmax) {  // float arithmetic, no filters
       float* out = static_cast<float*>(p.out) + r * p.out_stride;
@@ -332,24 +353,17 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const RowParams p) {
       continue;
     }
 
-    // The filters: one threshold key each, combined as their maximum.
-    const int64_t k = row_top_k(p, r);
     const float top_p = row_top_p(p, r);
     const float min_p = row_min_p(p, r);
-    uint32_t keep = 0;
     uint64_t kept_weight = 0;
     bool weight_known = false;
-    if (k > 0 && k < p.vocab) {
-      const Threshold t = top_k_threshold(x, p, vmax, temperature, k, s);
-      keep = t.key;
-    }
     if (top_p < 1.0f) {  // NaN: no filter
       const uint32_t domain = p.order == Order::kTopKFirst ? keep : 0u;
       const Threshold t = top_p_threshold(x, p, vmax, temperature, top_p, domain, s);
       if (t.found) {
         // top_k_first: the search's domain is the top-k set, so its kept weight is the row's; a
         // joint search over the whole row gives it only when no top-k threshold applies.
-        weight_known = p.order == Order::kTopKFirst || !(k > 0 && k < p.vocab);
+        weight_known = p.order == Order::kTopKFirst || !use_top_k;
         kept_weight = t.kept_weight;
         keep = max(keep, t.key);
       }
