@@ -4,9 +4,12 @@
 //
 //   sample_rows(*, input, output, order, logits, indices=None, temperature=None, temperature_val=1,
 //               top_k=None, top_k_val=0, top_p=None, top_p_val=1, min_p=None, min_p_val=0,
-//               seed=0, offset=0, samples=None, out=None, errors=0, stream=0)
+//               seed=0, offset=0, seeds=None, offsets=None, samples=None, out=None, errors=0, stream=0)
 //   chain_speculative(*, draft_probs, draft_token_ids, target_probs, out_ids, accepted, emitted,
-//                     seed=0, offset=0, errors=0, stream=0)
+//                     seed=0, offset=0, seeds=None, offsets=None, errors=0, stream=0)
+//
+// seeds / offsets: optional int64 [1] or [rows] tensors on the input's device, read by the kernel
+// in place of seed / offset.
 //
 // input [rows_in, vocab]: float32 probabilities (output sample or probs) or logits of the module's
 // dtype, contiguous in its last dimension, any row stride. indices [rows] int32/int64 (one input
@@ -57,6 +60,29 @@ TensorView vector_of(py::handle obj, const char* name, int64_t n, const TensorVi
   return t;
 }
 
+// The random stream: the scalars, or int64 tensors of one value or one per row.
+ks::Stream stream_of(uint64_t seed, uint64_t offset, py::handle seeds_obj, py::handle offsets_obj, int64_t rows,
+                     const TensorView& ref) {
+  ks::Stream s;
+  s.seed = seed;
+  s.offset = offset;
+  auto array = [&](py::handle obj, const char* name, const int64_t** data, int64_t* len) {
+    if (obj.is_none()) return;
+    TensorView t = view_of(obj, name);
+    kb::check_same_device(t, ref);
+    kb::check_dtype(t, kInt64, "seeds and offsets are int64");
+    if (t.ndim != 1 || (t.size(0) != 1 && t.size(0) != rows)) {
+      value_error(std::string(name) + " must have shape [1] or [" + std::to_string(rows) + "], got " + t.shape_str());
+    }
+    if (t.size(0) > 1 && t.stride(0) != 1) value_error(std::string(name) + " must be contiguous");
+    *data = static_cast<const int64_t*>(t.data);
+    *len = t.size(0);
+  };
+  array(seeds_obj, "seed", &s.seeds, &s.seeds_len);
+  array(offsets_obj, "offset", &s.offsets, &s.offsets_len);
+  return s;
+}
+
 const float* float_vector(py::handle obj, const char* name, int64_t n, const TensorView& ref) {
   if (obj.is_none()) return nullptr;
   TensorView t = vector_of(obj, name, n, ref);
@@ -67,7 +93,8 @@ const float* float_vector(py::handle obj, const char* name, int64_t n, const Ten
 void sample_rows(py::handle input_obj, int output, int order, bool logits, py::handle indices_obj,
                  py::handle temperature_obj, double temperature_val, py::handle top_k_obj, int64_t top_k_val,
                  py::handle top_p_obj, double top_p_val, py::handle min_p_obj, double min_p_val, uint64_t seed,
-                 uint64_t offset, py::handle samples_obj, py::handle out_obj, uintptr_t errors, uintptr_t stream) {
+                 uint64_t offset, py::handle seeds_obj, py::handle offsets_obj, py::handle samples_obj,
+                 py::handle out_obj, uintptr_t errors, uintptr_t stream) {
   if (output < 0 || output > int(ks::Output::kSoftmax)) {
     value_error("output must be one of the exported `outputs`, got " + std::to_string(output));
   }
@@ -122,8 +149,7 @@ void sample_rows(py::handle input_obj, int output, int order, bool logits, py::h
   p.top_p_val = float(top_p_val);
   p.min_p = float_vector(min_p_obj, "min_p", p.rows, input);
   p.min_p_val = float(min_p_val);
-  p.seed = seed;
-  p.offset = offset;
+  p.rng = stream_of(seed, offset, seeds_obj, offsets_obj, p.rows, input);
   if (out_kind == ks::Output::kSample) {
     TensorView s = vector_of(samples_obj, "samples", p.rows, input);
     p.samples64 = int_dtype(s);
@@ -157,7 +183,7 @@ void sample_rows(py::handle input_obj, int output, int order, bool logits, py::h
 
 void chain_speculative(py::handle draft_obj, py::handle ids_obj, py::handle target_obj, py::handle out_obj,
                        py::handle accepted_obj, py::handle emitted_obj, uint64_t seed, uint64_t offset,
-                       uintptr_t errors, uintptr_t stream) {
+                       py::handle seeds_obj, py::handle offsets_obj, uintptr_t errors, uintptr_t stream) {
   if (kDType != kb::dl_dtype<float>()) value_error("chain_speculative runs in the float32 module");
   TensorView draft = view_of(draft_obj, "draft_probs");
   kb::check_backend_device(draft);
@@ -213,8 +239,7 @@ void chain_speculative(py::handle draft_obj, py::handle ids_obj, py::handle targ
   p.target_stride_b = target.stride(0);
   p.target_stride_n = target.stride(1);
   p.ids_stride_b = ids.stride(0);
-  p.seed = seed;
-  p.offset = offset;
+  p.rng = stream_of(seed, offset, seeds_obj, offsets_obj, batch, draft);
   p.out_ids = static_cast<int32_t*>(out.data);
   p.accepted = static_cast<int32_t*>(acc.data);
   p.emitted = static_cast<int32_t*>(emi.data);
@@ -249,13 +274,15 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
         py::arg("logits"), py::arg("indices") = py::none(), py::arg("temperature") = py::none(),
         py::arg("temperature_val") = 1.0, py::arg("top_k") = py::none(), py::arg("top_k_val") = 0,
         py::arg("top_p") = py::none(), py::arg("top_p_val") = 1.0, py::arg("min_p") = py::none(),
-        py::arg("min_p_val") = 0.0, py::arg("seed") = 0, py::arg("offset") = 0, py::arg("samples") = py::none(),
-        py::arg("out") = py::none(), py::arg("errors") = 0, py::arg("stream") = 0,
+        py::arg("min_p_val") = 0.0, py::arg("seed") = 0, py::arg("offset") = 0, py::arg("seeds") = py::none(),
+        py::arg("offsets") = py::none(), py::arg("samples") = py::none(), py::arg("out") = py::none(),
+        py::arg("errors") = 0, py::arg("stream") = 0,
         "filters (top-k, top-p, min-p) and then a draw, the renormalised probabilities, the masked logits or the "
         "softmax of each row");
   m.def("chain_speculative", &chain_speculative, py::kw_only(), py::arg("draft_probs"), py::arg("draft_token_ids"),
         py::arg("target_probs"), py::arg("out_ids"), py::arg("accepted"), py::arg("emitted"), py::arg("seed") = 0,
-        py::arg("offset") = 0, py::arg("errors") = 0, py::arg("stream") = 0,
+        py::arg("offset") = 0, py::arg("seeds") = py::none(), py::arg("offsets") = py::none(), py::arg("errors") = 0,
+        py::arg("stream") = 0,
         "chain speculative sampling: accept each draft token with probability min(1, q / p), resample the first "
         "rejected from max(q - p, 0), or draw the bonus token from q");
 }

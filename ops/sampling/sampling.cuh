@@ -382,7 +382,7 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const RowParams p) {
         kept_weight = block_sum_u64(local, s);
         weight_known = true;
       }
-      const uint64_t u = uniforms(p.seed, p.offset, r, 0).a;
+      const uint64_t u = row_uniforms(p.rng, r, 0).a;
       const int64_t token = block_draw(
           p.vocab,
           [&](int64_t i) {
@@ -429,7 +429,7 @@ __global__ void __launch_bounds__(kThreads) speculative_kernel(const SpecParams 
       }
       const float q = p.target_probs[b * p.target_stride_b + j * p.target_stride_n + d];
       const float dp = p.draft_probs[b * p.draft_stride_b + j * p.draft_stride_n + d];
-      const bool ok = accept_draft(uniforms(p.seed, p.offset, b, uint32_t(j)).a, dp, q);
+      const bool ok = accept_draft(row_uniforms(p.rng, b, uint32_t(j)).a, dp, q);
       accepted += ok;
       if (!ok && emitted == p.n) emitted = j;
     }
@@ -448,7 +448,7 @@ __global__ void __launch_bounds__(kThreads) speculative_kernel(const SpecParams 
   if (e < 0) return;
   const float* q = p.target_probs + b * p.target_stride_b + e * p.target_stride_n;
   const float* dp = e < p.n ? p.draft_probs + b * p.draft_stride_b + e * p.draft_stride_n : nullptr;
-  const uint64_t u = uniforms(p.seed, p.offset, b, uint32_t(e)).b;
+  const uint64_t u = row_uniforms(p.rng, b, uint32_t(e)).b;
   int64_t token = -1;
   if (dp != nullptr) {  // rejected at e: draw from max(q - p, 0)
     float m = -INFINITY;

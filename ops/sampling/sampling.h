@@ -30,6 +30,9 @@
 // draw); the output row, not the input row (`indices`), so the same seed, offset and row give the
 // same draw whatever the batch size and the other rows hold.
 //
+// The seed and offset are numbers, or int64 tensors (one value, or one per output row) read on the
+// device, so a captured CUDA graph can draw fresh numbers on every replay.
+//
 // Layout: input rows of `vocab` elements, contiguous in the last dimension, row stride in elements.
 // Framework free.
 #pragma once
@@ -56,6 +59,14 @@ inline constexpr int64_t kMaxVocab = int64_t(1) << 23;  // kOne * vocab stays be
 inline constexpr int kThreads = 1024;                   // one CTA per row
 inline constexpr int kBins = 1 << 11;                   // bins of the widest radix digit
 
+// Where a call's random numbers come from: the scalars, or per-row (or length-1) int64 arrays.
+struct Stream {
+  uint64_t seed = 0, offset = 0;
+  const int64_t* seeds = nullptr;    // [seeds_len], or null: `seed`
+  const int64_t* offsets = nullptr;  // [offsets_len], or null: `offset`
+  int64_t seeds_len = 0, offsets_len = 0;
+};
+
 struct RowParams {
   const void* input;  // [rows_in, vocab]: probs (float32) or logits (the module's dtype)
   int64_t rows, rows_in, vocab, in_stride;
@@ -74,7 +85,7 @@ struct RowParams {
   float top_p_val;  // >= 1: no top-p
   const float* min_p;
   float min_p_val;  // <= 0: no min-p
-  uint64_t seed, offset;
+  Stream rng;
   void* samples;  // kSample: [rows] int32 or int64
   bool samples64;
   void* out;  // kProbs / kSoftmax: [rows, vocab] float32; kMaskedLogits: the input's dtype
@@ -90,7 +101,7 @@ struct SpecParams {
   const float* target_probs;  // [batch, n + 1, vocab]
   int64_t batch, n, vocab;
   int64_t draft_stride_b, draft_stride_n, target_stride_b, target_stride_n, ids_stride_b;
-  uint64_t seed, offset;
+  Stream rng;
   int32_t* out_ids;   // [batch, n + 1], -1 past the first rejection
   int32_t* accepted;  // [batch], += the positions whose acceptance test passes
   int32_t* emitted;   // [batch], += the draft tokens emitted
@@ -263,6 +274,13 @@ struct Uniforms {
 KILN_HOST_DEVICE Uniforms uniforms(uint64_t seed, uint64_t offset, int64_t row, uint32_t draw) {
   const U32x4 r = philox(seed, U32x4{uint32_t(offset), uint32_t(offset >> 32), uint32_t(row), draw});
   return {(uint64_t(r.x) << 32) | r.y, (uint64_t(r.z) << 32) | r.w};
+}
+
+// The uniforms of output row `row` from a call's stream.
+KILN_HOST_DEVICE Uniforms row_uniforms(const Stream& s, int64_t row, uint32_t draw) {
+  const uint64_t seed = s.seeds ? uint64_t(s.seeds[s.seeds_len == 1 ? 0 : row]) : s.seed;
+  const uint64_t offset = s.offsets ? uint64_t(s.offsets[s.offsets_len == 1 ? 0 : row]) : s.offset;
+  return uniforms(seed, offset, row, draw);
 }
 
 // u as a double in [0, 1) (its top 53 bits).

@@ -204,7 +204,7 @@ Status sample_rows(const RowParams& p, LaunchContext) {
       weight_known = false;
     }
     if (p.output == Output::kSample) {
-      const uint64_t u = uniforms(p.seed, p.offset, r, 0).a;
+      const uint64_t u = row_uniforms(p.rng, r, 0).a;
       const int64_t token = draw(
           p.vocab, [&](int64_t i) { return row.key(i) >= keep ? row.weight(i) : uint64_t(0); }, kept_weight,
           weight_known, u);
@@ -243,7 +243,7 @@ Status chain_speculative(const SpecParams& p, LaunchContext) {
       const int64_t d = draft_id(p, b, j);
       const float q = p.target_probs[b * p.target_stride_b + j * p.target_stride_n + d];
       const float dp = p.draft_probs[b * p.draft_stride_b + j * p.draft_stride_n + d];
-      const bool ok = accept_draft(uniforms(p.seed, p.offset, b, uint32_t(j)).a, dp, q);
+      const bool ok = accept_draft(row_uniforms(p.rng, b, uint32_t(j)).a, dp, q);
       accepted += ok;
       if (!ok && emitted == p.n) emitted = j;
     }
@@ -253,7 +253,7 @@ Status chain_speculative(const SpecParams& p, LaunchContext) {
     const int64_t e = emitted;
     const float* q = p.target_probs + b * p.target_stride_b + e * p.target_stride_n;
     const float* dp = e < p.n ? p.draft_probs + b * p.draft_stride_b + e * p.draft_stride_n : nullptr;
-    const uint64_t u = uniforms(p.seed, p.offset, b, uint32_t(e)).b;
+    const uint64_t u = row_uniforms(p.rng, b, uint32_t(e)).b;
     int64_t token = -1;
     if (dp != nullptr) {
       float m = -INFINITY;

@@ -27,8 +27,10 @@ Semantics (kiln.trace.sampling holds the float64 reference):
   uniform; weights are fixed-point (2^-40 of the row's largest probability), so a token below
   ~1e-12 of the maximum is never drawn (ops/sampling/sampling.h).
 
-Random numbers: Philox4x32-10 keyed by `seed`, counter (`offset`, output row, draw). With neither
-given, both come from `generator` (or torch's default generator of the device), which advances,
+Random numbers: Philox4x32-10 keyed by `seed`, counter (`offset`, output row, draw); each a Python
+int, or an int64 tensor of one value or one per output row (read on the device, so a captured CUDA
+graph draws fresh numbers when the tensors change between replays). With neither given, both come
+from `generator` (or torch's default generator of the device), which advances,
 so a seeded generator reproduces a run. The same seed, offset and row give the same token whatever
 the batch size or the other rows (`deterministic` is accepted for FlashInfer's users: kiln's
 kernels are always deterministic). The host (CPU) backend draws the same tokens as the CUDA one.
@@ -82,6 +84,8 @@ def _draw_op(
     min_p_val: float,
     seed: int,
     offset: int,
+    seeds: torch.Tensor | None,
+    offsets: torch.Tensor | None,
 ) -> None:
     mod = _module("kiln.sampling", input, "logits" if logits else "probs")
     dl = _jit.dl
@@ -100,6 +104,8 @@ def _draw_op(
         min_p_val=min_p_val,
         seed=seed,
         offset=offset,
+        seeds=opt(seeds),
+        offsets=opt(offsets),
         samples=dl(samples),
         errors=errors.record_address(input.device),
         stream=_jit.stream_of(input.device),
@@ -151,9 +157,12 @@ def _speculative_op(
     target_probs: torch.Tensor,
     seed: int,
     offset: int,
+    seeds: torch.Tensor | None,
+    offsets: torch.Tensor | None,
 ) -> None:
     mod = _module("kiln.chain_speculative_sampling", draft_probs, "draft_probs")
     dl = _jit.dl
+    opt = lambda t: None if t is None else dl(t)  # noqa: E731
     mod.chain_speculative(
         draft_probs=dl(draft_probs),
         draft_token_ids=dl(draft_token_ids),
@@ -163,6 +172,8 @@ def _speculative_op(
         emitted=dl(emitted),
         seed=seed,
         offset=offset,
+        seeds=opt(seeds),
+        offsets=opt(offsets),
         errors=errors.record_address(draft_probs.device),
         stream=_jit.stream_of(draft_probs.device),
     )
@@ -253,22 +264,32 @@ def _default_generator(device: torch.device) -> torch.Generator:
     return torch.default_generator
 
 
-def seed_and_offset(api: str, generator, seed, offset, device: torch.device) -> tuple[int, int]:
-    """The Philox seed and offset of a call: the given ones, else drawn from `generator` (torch's
-    default generator of the device when None), which advances. CUDA generators advance their
-    Philox offset by 4 (FlashInfer's get_seed_and_offset, no synchronisation); CPU generators give
-    one 63-bit draw for the seed (offset 0)."""
+def _stream_value(api: str, name: str, v, rows: int, device: torch.device):
+    """(int, tensor or None) of a seed or offset given as an int or an int64 tensor."""
+    if isinstance(v, torch.Tensor):
+        if v.dtype != torch.int64 or v.dim() != 1 or v.shape[0] not in (1, rows):
+            raise ValueError(
+                f"{api}: {name} as a tensor must be int64 of shape [1] or [{rows}], got {v.dtype} of "
+                f"shape {list(v.shape)}"
+            )
+        if v.device != device:
+            raise ValueError(f"{api}: {name} is on {v.device} but the input is on {device}")
+        return 0, v.contiguous()
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= int(v) < _MAX_SEED:
+        raise ValueError(f"{api}: {name} must be an int in [0, 2^63) or an int64 tensor, got {v!r}")
+    return int(v), None
+
+
+def seed_and_offset(api: str, generator, seed, offset, device: torch.device, rows: int):
+    """(seed, offset, seed tensor, offset tensor) of a call: the given ones (ints, or int64 tensors of
+    one value or one per output row, read on the device: what a CUDA graph replays with fresh
+    values), else drawn from `generator` (torch's default generator of the device when None), which
+    advances. CUDA generators advance their Philox offset by 4 (FlashInfer's get_seed_and_offset, no
+    synchronisation); CPU generators give one 63-bit draw for the seed (offset 0)."""
     if seed is not None or offset is not None:
-        for name, v in (("seed", seed), ("offset", offset)):
-            if v is None:
-                continue
-            if isinstance(v, torch.Tensor):
-                raise TypeError(
-                    f"{api}: {name} must be a Python int (tensor seeds are not supported), got a tensor"
-                )
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= int(v) < _MAX_SEED:
-                raise ValueError(f"{api}: {name} must be an int in [0, 2^63), got {v!r}")
-        return int(seed or 0), int(offset or 0)
+        s, s_t = _stream_value(api, "seed", 0 if seed is None else seed, rows, device)
+        o, o_t = _stream_value(api, "offset", 0 if offset is None else offset, rows, device)
+        return s, o, s_t, o_t
     if generator is None:
         generator = _default_generator(device)
     elif not isinstance(generator, torch.Generator):
@@ -277,8 +298,8 @@ def seed_and_offset(api: str, generator, seed, offset, device: torch.device) -> 
         state = generator.get_state()
         s, o = (int(v) for v in state.view(torch.int64))
         generator.set_state(torch.tensor([s, o + 4], dtype=torch.int64).view(torch.uint8))
-        return s % _MAX_SEED, o % _MAX_SEED
-    return int(torch.randint(0, _MAX_SEED - 1, (1,), generator=generator)), 0
+        return s % _MAX_SEED, o % _MAX_SEED, None, None
+    return int(torch.randint(0, _MAX_SEED - 1, (1,), generator=generator)), 0, None, None
 
 
 def _sample(
@@ -313,9 +334,9 @@ def _sample(
         else _per_row(api, "top_p", top_p, rows, x.device, None, 0.0, 1.0, lo_open=True)
     )
     m_t, m_v = (None, 0.0) if min_p is None else _per_row(api, "min_p", min_p, rows, x.device, None, 0.0, 1.0)
-    s, o = seed_and_offset(api, generator, seed, offset, x.device)
+    s, o, s_t, o_t = seed_and_offset(api, generator, seed, offset, x.device, rows)
     samples = torch.empty(rows, dtype=torch.int32 if idx is None else idx.dtype, device=x.device)
-    _draw_op(samples, x, logits, order, idx, k_t, k_v, p_t, p_v, m_t, m_v, s, o)
+    _draw_op(samples, x, logits, order, idx, k_t, k_v, p_t, p_v, m_t, m_v, s, o, s_t, o_t)
     return (samples, samples >= 0) if return_valid else samples
 
 
@@ -359,8 +380,8 @@ def sampling_from_probs(
     deterministic: bool = True,
     generator: torch.Generator | None = None,
     check_nan: bool = False,
-    seed: int | None = None,
-    offset: int | None = None,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
     return_valid: bool = False,
 ):
     """Draw a token from each row of ``probs`` (``[batch, vocab]``, any scale): token i with
@@ -387,8 +408,8 @@ def sampling_from_logits(
     deterministic: bool = True,
     generator: torch.Generator | None = None,
     check_nan: bool = False,
-    seed: int | None = None,
-    offset: int | None = None,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Draw a token from ``softmax(logits)`` per row (no probabilities are written)."""
     return _sample(
@@ -412,8 +433,8 @@ def top_k_sampling_from_probs(
     deterministic: bool = True,
     generator: torch.Generator | None = None,
     check_nan: bool = False,
-    seed: int | None = None,
-    offset: int | None = None,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
     return_valid: bool = False,
 ):
     """Draw from the tokens with ``p >= `` the k-th largest ``p`` of their row, renormalised.
@@ -441,8 +462,8 @@ def top_p_sampling_from_probs(
     deterministic: bool = True,
     generator: torch.Generator | None = None,
     check_nan: bool = False,
-    seed: int | None = None,
-    offset: int | None = None,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
     return_valid: bool = False,
 ):
     """Draw from the top-p nucleus: the smallest prefix of the descending probabilities whose sum
@@ -470,8 +491,8 @@ def min_p_sampling_from_probs(
     deterministic: bool = True,
     generator: torch.Generator | None = None,
     check_nan: bool = False,
-    seed: int | None = None,
-    offset: int | None = None,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
     return_valid: bool = False,
 ):
     """Draw from the tokens with ``p >= min_p * max p`` (``min_p`` in [0, 1])."""
@@ -500,8 +521,8 @@ def top_k_top_p_sampling_from_probs(
     deterministic: bool = True,
     generator: torch.Generator | None = None,
     check_nan: bool = False,
-    seed: int | None = None,
-    offset: int | None = None,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
     return_valid: bool = False,
 ):
     """Top-k then top-p (``"top_k_first"``: top-k, renormalise, top-p; ``"joint"``: both on the
@@ -534,8 +555,8 @@ def top_k_top_p_sampling_from_logits(
     deterministic: bool = True,
     generator: torch.Generator | None = None,
     check_nan: bool = False,
-    seed: int | None = None,
-    offset: int | None = None,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`top_k_top_p_sampling_from_probs` of ``softmax(logits)``, fused: the logits are read a
     few times and no probabilities are written."""
@@ -605,8 +626,8 @@ def chain_speculative_sampling(
     maybe_output_emitted_draft_token_num: torch.Tensor | None = None,
     deterministic: bool = True,
     generator: torch.Generator | None = None,
-    seed: int | None = None,
-    offset: int | None = None,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
 ):
     """Verify a chain of ``n`` draft tokens per request (Leviathan et al. / Chen et al.): draft token
     ``j`` is accepted with probability ``min(1, q_j(d_j) / p_j(d_j))``; the first rejected position
@@ -651,7 +672,7 @@ def chain_speculative_sampling(
 
     accepted = counts(maybe_output_accepted_token_num, "maybe_output_accepted_token_num")
     emitted = counts(maybe_output_emitted_draft_token_num, "maybe_output_emitted_draft_token_num")
-    s, o = seed_and_offset(api, generator, seed, offset, dev)
+    s, o, s_t, o_t = seed_and_offset(api, generator, seed, offset, dev, batch)
     out = torch.empty((batch, n + 1), dtype=torch.int32, device=dev)
-    _speculative_op(out, accepted, emitted, draft, draft_token_ids, target, s, o)
+    _speculative_op(out, accepted, emitted, draft, draft_token_ids, target, s, o, s_t, o_t)
     return out, accepted, emitted

@@ -420,6 +420,29 @@ def test_seed_offset_and_generator_reproduce(device):
 
 
 @pytest.mark.parametrize("device", device_params())
+def test_tensor_seeds_and_offsets(device):
+    """A length-1 int64 tensor is the int; a per-row tensor gives row r the stream of its own value."""
+    probs = rand_probs(16, 200, seed=3).to(device)
+    t = lambda *v: torch.tensor(v, dtype=torch.int64, device=device)  # noqa: E731
+    want = kiln.top_k_top_p_sampling_from_probs(probs, 20, 0.9, seed=5, offset=8)
+    assert torch.equal(kiln.top_k_top_p_sampling_from_probs(probs, 20, 0.9, seed=t(5), offset=t(8)), want)
+    seeds = torch.arange(16, device=device, dtype=torch.int64) * 1000 + 7
+    rows = kiln.top_k_top_p_sampling_from_probs(probs, 20, 0.9, seed=seeds, offset=8)
+    for r in (0, 5, 15):
+        one = kiln.top_k_top_p_sampling_from_probs(probs, 20, 0.9, seed=int(seeds[r]), offset=8)
+        assert rows[r] == one[r]
+    d, q = (
+        rand_probs(6, 30, 1).reshape(2, 3, 30).to(device),
+        rand_probs(8, 30, 2).reshape(2, 4, 30).to(device),
+    )
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]], device=device)
+    a = kiln.chain_speculative_sampling(d, ids, q, seed=9, offset=4)
+    b = kiln.chain_speculative_sampling(d, ids, q, seed=t(9, 9), offset=t(4))
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("device", device_params())
 def test_a_rows_draw_does_not_depend_on_the_batch(device):
     """The same seed, offset and row give the same token whatever the batch size and the other rows."""
     probs = rand_probs(64, 300, seed=2).to(device)
@@ -467,9 +490,13 @@ def test_bad_inputs_name_the_argument():
         r"\[0, 4\)",
     ):
         kiln.sampling_from_probs(probs, indices=torch.tensor([0, 4, 1]))
-    with pytest.raises(TypeError, match="seed must be a Python int"):
-        kiln.sampling_from_probs(probs, seed=torch.tensor([1]))
-    with pytest.raises(ValueError, match=r"offset must be an int in \[0, 2\^63\), got -1"):
+    with pytest.raises(
+        ValueError, match=r"seed as a tensor must be int64 of shape \[1\] or \[4\], got torch.int32"
+    ):
+        kiln.sampling_from_probs(probs, seed=torch.tensor([1], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"offset as a tensor must be int64 of shape \[1\] or \[4\]"):
+        kiln.sampling_from_probs(probs, seed=1, offset=torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"offset must be an int in \[0, 2\^63\) or an int64 tensor, got -1"):
         kiln.sampling_from_probs(probs, seed=1, offset=-1)
     with pytest.raises(TypeError, match="generator must be a torch.Generator"):
         kiln.sampling_from_probs(probs, generator=3)
@@ -527,6 +554,8 @@ def test_custom_ops_have_fake_implementations():
         0.0,
         1,
         0,
+        None,
+        None,
     )
     torch.ops.kiln.sampling_transform(
         torch.empty((3, 8), device="meta"), m, "probs", None, 1.0, None, 3, None, 1.0
@@ -606,3 +635,15 @@ def test_cuda_graph_capture_and_replay():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, want)
+    # Seeds in a tensor: each replay reads the tensor, so new values give new draws.
+    seed = torch.tensor([3], dtype=torch.int64, device="cuda")
+    g2 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g2):
+        out2 = kiln.top_k_top_p_sampling_from_probs(probs, 50, 0.9, seed=seed)
+    g2.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out2, want)
+    seed.fill_(4)
+    g2.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out2, kiln.top_k_top_p_sampling_from_probs(probs, 50, 0.9, seed=4))
