@@ -41,6 +41,11 @@ struct Shared {
   uint64_t sel_above_count, sel_above_weight, sel_weight, sel_want;
   int64_t found;
   float row_max;  // the row's largest valid value, when a radix level computed it
+  // The top-k set gathered for top-p and the draw (candidate_top_p_draw): index, key and weight.
+  int32_t cand_index[kCandidates];
+  uint32_t cand_key[kCandidates];
+  uint64_t cand_weight[kCandidates];
+  uint32_t cand_count;
 };
 
 template <typename T>
@@ -208,7 +213,8 @@ __device__ void radix_level(const T* x, const RowParams& p, float vmax, float te
 // The state of a threshold search: the key prefix found so far and what lies above it.
 struct Threshold {
   uint32_t key = 0;          // keep key >= this
-  uint64_t kept_weight = 0;  // the weight of what is kept (of the search's domain)
+  uint64_t kept_weight = 0;  // the weight of what is kept (of the search's domain; top-p)
+  uint64_t kept_count = 0;   // the entries kept (top-k: k, or more with ties at the threshold)
   bool found = false;
 };
 
@@ -226,6 +232,7 @@ __device__ Threshold top_k_threshold(const T* x, const RowParams& p, float tempe
     rank -= s.sel_above_count;
     if (s.sel_count == rank || level == kLevels - 1) {
       t.key = prefix;
+      t.kept_count = uint64_t(k) - rank + s.sel_count;  // everything above the bin, and the bin
       t.found = true;
       break;
     }
@@ -303,6 +310,67 @@ __device__ int64_t block_draw(int64_t n, W weight, uint64_t total, bool total_kn
   return -1;  // not reached: target < total
 }
 
+__device__ __forceinline__ uint32_t block_min_u32(uint32_t v, Shared& s) {
+  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if ((threadIdx.x & 31) == 0) s.scan_u64[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = (threadIdx.x & 31) < kWarps ? uint32_t(s.scan_u64[threadIdx.x & 31]) : 0xffffffffu;
+  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  return v;
+}
+
+// top_k_first top-p and the draw over the top-k set gathered into shared memory (at most
+// kCandidates entries, key >= keep): the same tokens as the row passes (top_p_threshold, then
+// block_draw), from one pass over the row instead of 3-4. Candidate c is kept by top-p when the
+// weight of the candidates with a larger key is below the target, so the kept set is every key >=
+// the smallest kept key (ties at the crossing stay); the draw is the inverse CDF in vocabulary
+// order, a candidate's running weight the kept weight of the candidates of smaller index.
+// Returns the token, or -1 when the top-k set has no weight.
+template <typename T>
+__device__ int64_t candidate_top_p_draw(const T* x, const RowParams& p, float vmax, float temperature, uint32_t keep,
+                                        float top_p, uint64_t u, Shared& s) {
+  if (threadIdx.x == 0) s.cand_count = 0;
+  __syncthreads();
+  for_each_value(x, p.vocab, p.vec16, [&](int64_t i, float v) {
+    const uint32_t key = key_of(v, p.logits);
+    if (key < keep) return;
+    const uint32_t slot = atomicAdd(&s.cand_count, 1u);
+    if (slot >= uint32_t(kCandidates)) return;  // cannot happen: the caller checked the count
+    s.cand_index[slot] = int32_t(i);
+    s.cand_key[slot] = key;
+    s.cand_weight[slot] = weight_of(v, vmax, p.logits, temperature);
+  });
+  __syncthreads();
+  const int n = int(min(s.cand_count, uint32_t(kCandidates)));
+  const bool mine = int(threadIdx.x) < n;  // one candidate per thread (kCandidates == kThreads)
+  const uint32_t my_key = mine ? s.cand_key[threadIdx.x] : 0u;
+  const uint64_t my_weight = mine ? s.cand_weight[threadIdx.x] : 0;
+  const int32_t my_index = mine ? s.cand_index[threadIdx.x] : 0;
+  const uint64_t domain = block_sum_u64(my_weight, s);  // top_p_threshold's first-level total
+  if (domain == 0) return -1;
+  const uint64_t want = top_p_target(top_p, domain);
+  uint64_t above = 0;
+  for (int j = 0; j < n; ++j) above += s.cand_key[j] > my_key ? s.cand_weight[j] : 0;
+  const uint32_t crossing = block_min_u32(mine && above < want ? my_key : 0xffffffffu, s);
+  const bool kept = mine && my_key >= crossing;
+  const uint64_t kept_weight = block_sum_u64(kept ? my_weight : 0, s);
+  const uint64_t target = scale_u64(u, kept_weight);  // kept_weight >= the max's weight > 0
+  if (threadIdx.x == 0) s.found = -1;
+  __syncthreads();
+  if (kept && my_weight > 0) {
+    uint64_t before = 0;
+    for (int j = 0; j < n; ++j) {
+      if (s.cand_index[j] < my_index && s.cand_key[j] >= crossing) before += s.cand_weight[j];
+    }
+    if (before <= target && target < before + my_weight) s.found = my_index;
+  }
+  __syncthreads();
+  const int64_t found = s.found;
+  __syncthreads();
+  return found;
+}
+
 __device__ __forceinline__ void write_sample(const RowParams& p, int64_t r, int64_t token) {
   if (p.samples64) {
     static_cast<int64_t*>(p.samples)[r] = token;
@@ -331,8 +399,11 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const RowParams p) {
     // also finds the max), else a pass for the max alone.
     uint32_t keep = 0;
     float vmax = -INFINITY;
+    uint64_t kept_count = 0;
     if (use_top_k) {
-      keep = top_k_threshold(x, p, temperature, k, s).key;
+      const Threshold t = top_k_threshold(x, p, temperature, k, s);
+      keep = t.key;
+      kept_count = t.kept_count;
       vmax = s.row_max;
     } else {
       for_each_value(x, p.vocab, p.vec16, [&](int64_t, float v) {
@@ -355,6 +426,12 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const RowParams p) {
 
     const float top_p = row_top_p(p, r);
     const float min_p = row_min_p(p, r);
+    if (p.output == Output::kSample && use_top_k && top_p < 1.0f && p.order == Order::kTopKFirst && !(min_p > 0.0f) &&
+        kept_count <= uint64_t(kCandidates)) {  // the common decode step
+      const int64_t token = candidate_top_p_draw(x, p, vmax, temperature, keep, top_p, row_uniforms(p.rng, r, 0).a, s);
+      if (threadIdx.x == 0) write_sample(p, r, token);
+      continue;
+    }
     uint64_t kept_weight = 0;
     bool weight_known = false;
     if (top_p < 1.0f) {  // NaN: no filter

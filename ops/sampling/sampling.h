@@ -25,6 +25,9 @@
 //   (no valid entry) draws -1.
 // Thresholds are found by radix selection over the keys (digits of 11, 11 and 10 bits, a count and
 // a weight histogram per digit), stopping early once the selected bin holds exactly what is kept.
+// A top_k_first top-p over a top-k set of at most kCandidates entries is computed on the gathered
+// set instead: an entry is kept when the weight of the larger keys is below the target, which is
+// the same set.
 //
 // The random stream: Philox4x32-10 keyed by the seed, counter (offset lo, offset hi, output row,
 // draw); the output row, not the input row (`indices`), so the same seed, offset and row give the
@@ -57,7 +60,10 @@ enum class Order : int { kTopKFirst = 0, kJoint = 1 };
 inline constexpr uint64_t kOne = uint64_t(1) << 40;     // the fixed-point weight of the row's max
 inline constexpr int64_t kMaxVocab = int64_t(1) << 23;  // kOne * vocab stays below 2^64
 inline constexpr int kThreads = 1024;                   // one CTA per row
-inline constexpr int kBins = 1 << 11;                   // bins of the widest radix digit
+// top_k_first top-k + top-p draws whose top-k set holds at most this many entries run top-p and
+// the draw over the gathered set (one entry per thread), with the same result as over the row.
+inline constexpr int kCandidates = kThreads;
+inline constexpr int kBins = 1 << 11;  // bins of the widest radix digit
 
 // Where a call's random numbers come from: the scalars, or per-row (or length-1) int64 arrays.
 struct Stream {

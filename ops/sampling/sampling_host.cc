@@ -86,6 +86,7 @@ Selection radix_level(const Row& row, int level, uint32_t prefix, uint64_t want,
 struct Threshold {
   uint32_t key = 0;
   uint64_t kept_weight = 0;
+  uint64_t kept_count = 0;
   bool found = false;
 };
 
@@ -100,6 +101,7 @@ Threshold top_k_threshold(const Row& row, int64_t k, std::vector<uint64_t>& coun
     rank -= s.above_count;
     if (s.count == rank || level == kLevels - 1) {
       t.key = prefix;
+      t.kept_count = uint64_t(k) - rank + s.count;
       t.found = true;
       break;
     }
@@ -127,6 +129,39 @@ Threshold top_p_threshold(const Row& row, float top_p, uint32_t domain_key, std:
     }
   }
   return t;
+}
+
+// candidate_top_p_draw of sampling.cuh: top-p and the draw over the top-k set (key >= keep).
+int64_t candidate_top_p_draw(const Row& row, uint32_t keep, float top_p, uint64_t u) {
+  struct Candidate {
+    int64_t index;
+    uint32_t key;
+    uint64_t weight;
+  };
+  std::vector<Candidate> cand;
+  for (int64_t i = 0; i < row.vocab; ++i) {
+    if (row.key(i) >= keep) cand.push_back({i, row.key(i), row.weight(i)});
+  }
+  uint64_t domain = 0;
+  for (const Candidate& c : cand) domain += c.weight;
+  if (domain == 0) return -1;
+  const uint64_t want = top_p_target(top_p, domain);
+  uint32_t crossing = 0xffffffffu;
+  for (const Candidate& c : cand) {
+    uint64_t above = 0;
+    for (const Candidate& d : cand) above += d.key > c.key ? d.weight : 0;
+    if (above < want) crossing = std::min(crossing, c.key);
+  }
+  uint64_t kept_weight = 0;
+  for (const Candidate& c : cand) kept_weight += c.key >= crossing ? c.weight : 0;
+  const uint64_t target = scale_u64(u, kept_weight);
+  uint64_t cum = 0;
+  for (const Candidate& c : cand) {  // in vocabulary order
+    if (c.key < crossing) continue;
+    cum += c.weight;
+    if (cum > target) return c.index;
+  }
+  return -1;
 }
 
 // block_draw of sampling.cuh.
@@ -186,9 +221,16 @@ Status sample_rows(const RowParams& p, LaunchContext) {
     uint32_t keep = 0;
     uint64_t kept_weight = 0;
     bool weight_known = false;
+    uint64_t kept_count = 0;
     if (k > 0 && k < p.vocab) {
       const Threshold t = top_k_threshold(row, k, count, weight);
       keep = t.key;
+      kept_count = t.kept_count;
+    }
+    if (p.output == Output::kSample && k > 0 && k < p.vocab && top_p < 1.0f && p.order == Order::kTopKFirst &&
+        !(min_p > 0.0f) && kept_count <= uint64_t(kCandidates)) {
+      write_sample(p, r, candidate_top_p_draw(row, keep, top_p, row_uniforms(p.rng, r, 0).a));
+      continue;
     }
     if (top_p < 1.0f) {
       const uint32_t domain = p.order == Order::kTopKFirst ? keep : 0u;

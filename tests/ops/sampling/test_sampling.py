@@ -257,6 +257,20 @@ def test_tokens_equal_the_reference_inverse_cdf(device):
 
 
 @pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("top_k", [40, 1000, 1500], ids=lambda k: f"top_k{k}")
+def test_gathered_and_row_pass_top_p_agree_with_the_reference(device, top_k):
+    """top_k_first top-p runs over the gathered top-k set when it holds at most 1024 entries and
+    over the row otherwise: both give the reference's tokens (ties included: rounded logits)."""
+    g = torch.Generator().manual_seed(31)
+    logits = (2 * torch.randn((16, 3000), generator=g)).round(decimals=1).to(device)
+    seed = 99
+    for top_p in (0.3, 0.9):
+        got = kiln.top_k_top_p_sampling_from_logits(logits, top_k, top_p, seed=seed)
+        want = ref.sample_reference(ref.softmax_float64(logits.cpu()), seed=seed, top_k=top_k, top_p=top_p)
+        assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_softmax_renorm_and_mask_match_the_reference(device, dtype):
     g = torch.Generator().manual_seed(8)
@@ -588,6 +602,9 @@ def test_cuda_draws_the_host_tokens(dtype):
         lambda x, y, kk, pp: kiln.top_p_sampling_from_probs(y, pp, seed=8),
         lambda x, y, kk, pp: kiln.min_p_sampling_from_probs(y, 0.02, seed=9),
         lambda x, y, kk, pp: kiln.sampling_from_probs(y, seed=10),
+        # a top-k set past the shared-memory candidates (1024): the row-pass path
+        lambda x, y, kk, pp: kiln.top_k_top_p_sampling_from_probs(y, 1500, 0.95, seed=11),
+        lambda x, y, kk, pp: kiln.top_k_top_p_sampling_from_logits(x, 1500, 0.95, seed=12),
     ]
     for i, call in enumerate(calls):
         host = call(logits, probs, k, p)
