@@ -33,6 +33,8 @@ enum class ErrorCode : int64_t {
   kWeightIndex = 10,      // weight_indices[s] is not a weight of the grouped GEMM
   kRopeIndptr = 11,       // a RoPE token lies in no request of indptr
   kCosSinRow = 12,        // a RoPE position is not a row of cos_sin_cache
+  kSamplingIndex = 13,    // a sampler's indices[i] is not a row of its probs/logits
+  kDraftTokenId = 14,     // a draft token id of speculative sampling is not in the vocabulary
 };
 
 // The message of each code, with {position}, {value} and {bound} filled in by the reader. The
@@ -69,6 +71,10 @@ inline constexpr ErrorText kErrorTexts[] = {
      "token {position} lies in no request of indptr (which ends at {value}): indptr must start at 0, never "
      "decrease and end at nnz = {bound}"},
     {ErrorCode::kCosSinRow, "positions[{position}] = {value} is not a row of cos_sin_cache: valid are [0, {bound})"},
+    {ErrorCode::kSamplingIndex,
+     "indices[{position}] = {value} is not a row of the probabilities/logits: valid are [0, {bound})"},
+    {ErrorCode::kDraftTokenId,
+     "draft_token_ids (flattened)[{position}] = {value} is not a token of the vocabulary: valid are [0, {bound})"},
 };
 
 // Record the first error of a launch (later ones are dropped: one clear message is enough).

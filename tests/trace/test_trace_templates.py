@@ -194,6 +194,10 @@ def _retarget(fn, qualname):
     return g
 
 
+# Outputs whose definition holds infinities: -inf marks a masked logit.
+INFINITE_OUTPUTS = {("top_k_mask_logits", "masked_logits")}
+
+
 @pytest.mark.parametrize("name", APIS)
 def test_reference_produces_the_declared_outputs(name):
     t = APIS[name].template
@@ -207,7 +211,10 @@ def test_reference_produces_the_declared_outputs(name):
             assert torch.equal(inputs[k], v), f"{name}'s reference modified its input {k!r}"
         for oname, spec in t.outputs.items():
             assert tuple(out[oname].shape) == t.shape_of(spec, axes)
-            assert out[oname].isfinite().all()
+            if (name, oname) in INFINITE_OUTPUTS:
+                assert not out[oname].isnan().any() and out[oname].isfinite().any()
+            else:
+                assert out[oname].isfinite().all()
 
 
 # The axes that count requests or tokens, and the sizes the examples must reach (decode
