@@ -135,7 +135,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("label", nargs="?", default="//ops/...", help="targets: //ops:norm, //ops/...")
     p.add_argument("--arch-list", help="CUDA archs, e.g. '8.0 9.0a' (default: WORKSPACE.py's "
                                        "RELEASE_ARCH_LIST)")
-    p.add_argument("--toolchain", choices=("cuda", "host"), default="cuda")
+    p.add_argument("--toolchain", choices=("cuda", "host", "triton"), default="cuda")
     p.add_argument("--out", default="dist", help="where the wheel and artifacts/ go (dist)")
     p.add_argument("-j", "--jobs", type=jobs_arg, default=0,
                    help="parallel compile jobs (0: the estimate from cores and free memory)")

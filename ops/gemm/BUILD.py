@@ -32,11 +32,30 @@ op_library(
     release="all",
 )
 
+# grouped_mm's backend="triton" (ops/gemm/grouped_triton.py): one cubin per entry point and arch.
+# Tiles 64 x 128 x 64, 4 warps, 3 stages: the shape vLLM's fused-MoE default config uses for
+# bf16 at moderate M (docs/perf/gemm-triton.md has the floors and the measurements).
+_GROUPED_SIGNATURE = {
+    "a": "*{dtype}", "b": "*{dtype}", "out": "*{dtype}", "offs": "*i32", "rows": "i32",
+    "n": "i32", "k": "i32", "groups": "i32", "stride_am": "i64", "stride_ak": "i64",
+    "stride_bg": "i64", "stride_bk": "i64", "stride_bn": "i64", "stride_om": "i64",
+    "stride_on": "i64", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+}
+_GROUPED_TILE = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64}
+
 op_library(
     name="grouped",
     doc="grouped (segment) GEMM for MoE and LoRA: SegmentGEMMWrapper, grouped_mm",
     srcs=["grouped_cuda.cu", "grouped_sm90.cu", *SHARED],
     host_srcs=HOST,
+    triton_srcs=["grouped_triton.py"],
+    triton_kernels=[
+        triton_kernel("grouped_mm_kernel", unit="grouped_triton.py", signature=_GROUPED_SIGNATURE,
+                      constexprs=_GROUPED_TILE, num_warps=4, num_stages=3),
+        triton_kernel("grouped_mm_f32_kernel", unit="grouped_triton.py",
+                      signature={**_GROUPED_SIGNATURE, "out": "*fp32"},
+                      constexprs=_GROUPED_TILE, num_warps=4, num_stages=3),
+    ],
     binding="bindings/gemm/grouped.cc",
     dispatch={"dtype": ["bf16", "f16"]},
     archs=ARCHS,

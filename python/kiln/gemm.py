@@ -7,7 +7,8 @@
                           scale_granularity_mnk=(1, 128, 128), out=None, out_dtype=torch.bfloat16)
     SegmentGEMMWrapper(float_workspace_buffer).run(x, weights, batch_size, weight_column_major,
                           out=None, seg_lens=None, seg_indptr=None, weight_indices=None)
-    grouped_mm(a, b, offs, bias=None, out_dtype=None, out=None)           torch._grouped_mm, 2-D x 3-D
+    grouped_mm(a, b, offs, bias=None, out_dtype=None, out=None, backend="auto")
+                                                                          torch._grouped_mm, 2-D x 3-D
 
 Every M, N, K works (odd sizes, unaligned views: the fallback kernel); accumulation is float32.
 docs/gemm.md has the shapes, layouts, what each refuses and why, the kernels and the autotuner.
@@ -17,11 +18,17 @@ implementation, so torch.compile(fullgraph=True) traces through and CUDA graphs 
 eager mode the launcher is called directly. The tactic (kernel and tile) of each call comes from
 kiln.autotune when it tuned one, else from the default heuristic (ops/gemm/gemm_tactics.cc);
 blocklisted tactics never run (kiln/autotuner.py). CPU tensors run the host backend.
+
+grouped_mm also has a Triton kernel (ops/gemm/grouped_triton.py, the triton toolchain, launched
+through the CUDA driver: kiln::grouped_gemm_triton), chosen with backend="triton"; backend="auto"
+keeps the CUDA backend until measurements say otherwise (docs/perf/gemm-triton.md).
 """
 
 from __future__ import annotations
 
 import torch
+
+from kiln.runtime import env
 
 from . import _jit, autotuner, errors
 from ._ops import custom_op
@@ -562,6 +569,44 @@ class SegmentGEMMWrapper:
         return out
 
 
+GROUPED_BACKENDS = ("auto", "cuda", "triton")
+_INT32_MAX = 2**31 - 1
+
+
+@custom_op("grouped_gemm_triton", mutates=("out",))
+def _grouped_triton_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> None:
+    """grouped_mm on the triton backend: one launch of grouped_mm_kernel (or its float32-out
+    twin) with the grid of ops/gemm/grouped_triton.py; offs is int32 on a's device."""
+    device = a.device
+    mod = _jit.triton_module(GROUPED, device, "kiln.grouped_mm", dtype=a.dtype, names={"dtype": "a.dtype"})
+    kernel = mod.kernel("grouped_mm_f32_kernel" if out.dtype == torch.float32 else "grouped_mm_kernel")
+    rows, n, k, groups = a.shape[0], b.shape[2], a.shape[1], b.shape[0]
+    block_m, block_n = kernel.constexprs["BLOCK_M"], kernel.constexprs["BLOCK_N"]
+    grid = (-(-rows // block_m) + groups, -(-n // block_n))
+    if rows == 0 or n == 0:
+        return
+    with torch.cuda.device(device):  # the launcher uses the current context: a's device's
+        kernel(
+            grid, a.data_ptr(), b.data_ptr(), out.data_ptr(), offs.data_ptr(), rows, n, k, groups,
+            a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), out.stride(0), out.stride(1),
+            stream=_jit.stream_of(device),
+        )
+
+
+def _check_offs_now(api: str, offs: torch.Tensor, rows: int) -> None:
+    """KILN_VALIDATE_INDICES=1 on the triton backend: offs checked on the host (a sync). Without
+    it the kernel clamps each end into [previous end, rows], so it never leaves a and out."""
+    ends = offs.tolist()
+    prev = 0
+    for g, e in enumerate(ends):
+        if e < prev or e > rows:
+            raise IndexError(
+                f"{api}: offs[{g}] = {e} is out of range: offs must be non-decreasing ends in "
+                f"[0, rows = {rows}] (offs[{g - 1 if g else 0}] = {prev if g else 0})"
+            )
+        prev = e
+
+
 @logged_api(mutates=("out",))
 @traced(gemm_traces.GROUPED_MM)
 def grouped_mm(
@@ -571,6 +616,7 @@ def grouped_mm(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     out: torch.Tensor | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """torch._grouped_mm's MoE form, 2-D a x 3-D b: group g is rows ``[offs[g-1], offs[g])`` of a
     (``offs[-1]`` = 0), and ``out[rows of g] = a[rows of g] @ b[g]``; float32 accumulation.
@@ -584,8 +630,16 @@ def grouped_mm(
         out_dtype: a's dtype (default) or torch.float32.
         out: optional ``[rows, n]`` output; rows past offs[-1] are not written (a new out leaves
             them unset, as torch does).
+        backend: "auto" (the CUDA backend on CUDA tensors), "cuda", or "triton" (the Triton kernel
+            of ops/gemm/grouped_triton.py, compiled by kiln's triton toolchain). CPU tensors run
+            the host backend whatever the backend ("triton" included: its host fallback). The
+            triton backend checks offs only under KILN_VALIDATE_INDICES=1 and otherwise clamps
+            each end into [previous end, rows] (never out of bounds); the CUDA backend reports a
+            bad offs as an index error (docs/gemm.md).
     """
     api = "kiln.grouped_mm"
+    if backend not in GROUPED_BACKENDS:
+        raise ValueError(f"{api}: backend must be one of {', '.join(GROUPED_BACKENDS)}, got {backend!r}")
     _tensor(api, "a", a)
     _tensor(api, "b", b)
     if a.dim() != 2 or b.dim() != 3:
@@ -608,5 +662,15 @@ def grouped_mm(
         )
     dtype = _dense_out_dtype(api, a, out, out_dtype)
     out = _out(api, out, (a.shape[0], b.shape[2]), dtype, a)
+    if backend == "triton" and a.device.type == "cuda":
+        for name, size in (("a.shape[0]", a.shape[0]), ("a.shape[1]", a.shape[1]), ("b.shape[2]", b.shape[2]),
+                           ("b.shape[0]", b.shape[0])):
+            if size > _INT32_MAX:
+                raise ValueError(f"{api}: backend='triton' needs {name} <= {_INT32_MAX}, got {size}")
+        offs32 = bounds if bounds.dtype == torch.int32 else bounds.clamp(-1, _INT32_MAX).to(torch.int32)
+        if env.get("KILN_VALIDATE_INDICES"):
+            _check_offs_now(api, bounds, a.shape[0])
+        _grouped_triton_op(out, a, b, offs32)
+        return out
     _grouped_op(out, a, b, bounds, True, None)
     return out

@@ -166,6 +166,7 @@ def main(argv: list[str]) -> int:
                 arch=built_sm,
                 requested_arch=arch["sm"],
                 triton_version=triton.__version__,
+                constexprs=k["constexprs"],
                 params=[[a, t] for a, t in signature.items() if t != "constexpr"],
             )
             (out / f"{s}.json").write_text(json.dumps(launch, indent=1, sort_keys=True))

@@ -267,6 +267,8 @@ class TritonKernel:
         self._call_lock = threading.Lock()  # the argument buffers are shared by calls
         params = module.cubins[entry][0].launch["params"]
         self.params = [n for n, _ in params]
+        # The specialisation's tl.constexpr values (tile sizes a caller's grid depends on).
+        self.constexprs: dict = dict(module.cubins[entry][0].launch.get("constexprs", {}))
         self._slots = [ctypes.c_uint64() if t.startswith("*") else _CTYPES[t]() for _, t in params]
         self._slots += [ctypes.c_uint64(0), ctypes.c_uint64(0)]  # global, profile scratch: null
         self._argv = (ctypes.c_void_p * len(self._slots))(

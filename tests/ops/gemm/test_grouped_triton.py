@@ -1,0 +1,204 @@
+"""grouped_mm on the triton backend (ops/gemm/grouped_triton.py): the same float64 reference as the
+CUDA backend (kiln.trace.gemm.grouped_mm_reference_float), fresh random data, odd sizes, empty
+groups, both weight layouts, float32 out, strided views, bad offs. GPU tests are marked `gpu`; the
+CPU tests check the API around it (backend=, the host fallback) and that both specialisations
+cross-compile for 8.0 and 9.0a with no GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import kiln
+from kiln.codegen.graph import load_graph
+from kiln.codegen.specs import module_spec
+from kiln.runtime import jit, metadata
+from kiln.runtime.arch import ArchContext
+from kiln.trace import gemm as ref
+
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+TOL = {BF16: (1.6e-2, 1e-2), F16: (2e-3, 2e-3), F32: (1e-5, 1e-5)}
+gpu = pytest.mark.gpu
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def rand(shape, k, dtype, device, g):
+    """Uniform in [-1, 1] / sqrt(k): dot products of order 1."""
+    return (
+        ((torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1) / max(k, 1) ** 0.5)
+        .to(dtype)
+        .to(device)
+    )
+
+
+def close(out, want, dtype):
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(out.double().cpu(), want.double().cpu(), rtol=rtol, atol=atol)
+
+
+def operands(lens, n, k, dtype, device, seed, column_major=True):
+    g = gen(seed)
+    rows = sum(lens)
+    a = rand((rows, k), k, dtype, device, g)
+    if column_major:
+        b = rand((len(lens), n, k), k, dtype, device, g).transpose(1, 2)
+    else:
+        b = rand((len(lens), k, n), k, dtype, device, g)
+    offs = torch.tensor(lens, dtype=torch.int64).cumsum(0).to(device=device, dtype=torch.int32)
+    return a, b, offs
+
+
+def test_backend_is_checked():
+    a, b, offs = operands([3, 2], 8, 16, BF16, "cpu", 1)
+    with pytest.raises(ValueError, match="backend must be one of auto, cuda, triton, got 'cutlass'"):
+        kiln.grouped_mm(a, b, offs, backend="cutlass")
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda", "auto"])
+def test_cpu_tensors_run_the_host_backend_whatever_the_backend(backend):
+    a, b, offs = operands([5, 0, 9], 24, 40, BF16, "cpu", 2)
+    close(
+        kiln.grouped_mm(a, b, offs, backend=backend),
+        ref.grouped_mm_reference_float(a, b, offs, torch.float64),
+        BF16,
+    )
+
+
+def test_the_target_declares_the_triton_toolchain():
+    t = load_graph().target("//ops/gemm:grouped")
+    assert t.toolchains == ("cuda", "host", "triton")
+    assert [k.entry for k in t.triton_kernels] == ["grouped_mm_kernel", "grouped_mm_f32_kernel"]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_both_kernels_cross_compile_for_80_and_90a(dtype, tmp_path, kiln_env):
+    pytest.importorskip("triton", reason="cross-compiling needs triton==3.6.0 (pip install -e '.[test]')")
+    kiln_env.set("KILN_WORKSPACE_BASE", str(tmp_path))
+    spec = module_spec("//ops/gemm:grouped", {"dtype": dtype}, "triton")
+    status, p = jit.build(spec, ArchContext.current("8.0;9.0a"))
+    assert status == "built"
+    md = metadata.read(p.key_dir)
+    library = json.loads((p.key_dir / md.library).read_text())
+    want_ty = {"bf16": "*bf16", "f16": "*fp16"}[dtype]
+    for entry, out_ty in (("grouped_mm_kernel", want_ty), ("grouped_mm_f32_kernel", "*fp32")):
+        assert sorted(library["kernels"][entry]) == ["8.0", "9.0a"]
+        for launch in library["kernels"][entry].values():
+            params = dict(launch["params"])
+            assert params["a"] == want_ty and params["out"] == out_ty and params["offs"] == "*i32"
+            assert launch["constexprs"] == {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64}
+            assert 0 < launch["shared"] <= 227 * 1024 and launch["num_warps"] == 4
+            assert launch["global_scratch_size"] == 0
+    assert jit.build(spec, ArchContext.current("8.0;9.0a"))[0] == "cached"
+
+
+# ---- on the GPU --------------------------------------------------------------------------------
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [BF16, F16])
+@pytest.mark.parametrize("lens", [[0, 0, 0], [1, 1], [17, 0, 250, 3, 0], [300], [64, 65, 63, 1]], ids=str)
+@pytest.mark.parametrize("column_major", [True, False])
+def test_grouped_mm_triton_matches_the_reference(dtype, lens, column_major):
+    a, b, offs = operands(lens, 56, 72, dtype, "cuda", len(lens) + sum(lens), column_major)
+    want = ref.grouped_mm_reference_float(a, b, offs, torch.float64)
+    out = kiln.grouped_mm(a, b, offs, backend="triton")
+    assert out.shape == (sum(lens), 56) and out.dtype == dtype
+    close(out, want, dtype)
+    close(kiln.grouped_mm(a, b, offs, out_dtype=F32, backend="triton"), want, F32)
+
+
+@gpu
+@pytest.mark.parametrize("n,k", [(1, 1), (129, 65), (300, 200), (24, 0), (512, 4096)])
+def test_grouped_mm_triton_odd_sizes(n, k):
+    a, b, offs = operands([3, 70, 0, 129], n, k, BF16, "cuda", n + k)
+    close(
+        kiln.grouped_mm(a, b, offs, backend="triton"),
+        ref.grouped_mm_reference_float(a, b, offs, torch.float64),
+        BF16,
+    )
+
+
+@gpu
+def test_grouped_mm_triton_agrees_with_the_cuda_backend_and_torch():
+    a, b, offs = operands([40, 0, 300, 7, 128, 1, 90, 33], 384, 256, BF16, "cuda", 7)
+    tri = kiln.grouped_mm(a, b, offs, backend="triton")
+    cuda = kiln.grouped_mm(a, b, offs, backend="cuda")
+    close(tri, cuda.float(), BF16)
+    if hasattr(torch, "_grouped_mm"):
+        try:
+            theirs = torch._grouped_mm(a, b, offs=offs)
+        except RuntimeError as e:  # torch's kernel needs sm90 and aligned sizes
+            pytest.skip(f"torch._grouped_mm refuses this input here: {e}")
+        close(tri, theirs.float(), BF16)
+
+
+@gpu
+def test_grouped_mm_triton_strided_views_and_out():
+    g = gen(11)
+    big = rand((50, 2 * 48), 48, BF16, "cuda", g)
+    a = big[:, ::2]  # non-unit column stride
+    b = rand((3, 48, 40), 48, BF16, "cuda", g)
+    offs = torch.tensor([10, 30, 45], dtype=torch.int32, device="cuda")
+    out = torch.full((50, 40), float("nan"), dtype=BF16, device="cuda")
+    kiln.grouped_mm(a, b, offs, out=out, backend="triton")
+    close(out[:45], ref.grouped_mm_reference_float(a, b, offs, torch.float64)[:45], BF16)
+    assert out[45:].isnan().all()  # rows past offs[-1] are not written
+    offs64 = offs.to(torch.int64)
+    close(kiln.grouped_mm(a, b, offs64, backend="triton")[:45], out[:45].float(), BF16)
+
+
+@gpu
+def test_grouped_mm_triton_bad_offs_never_leave_the_tensors(kiln_env):
+    a, b, _ = operands([8, 8], 32, 32, BF16, "cuda", 3)
+    for bad in ([20, 16], [12, 100], [-5, 16]):
+        offs = torch.tensor(bad, dtype=torch.int32, device="cuda")
+        out = torch.full((16, 32), float("nan"), dtype=BF16, device="cuda")
+        kiln.grouped_mm(a, b, offs, out=out, backend="triton")  # clamped: no fault
+        torch.cuda.synchronize()
+        clamped = torch.tensor(bad).clamp(min=0).cummax(0).values.clamp(max=16)
+        close(
+            out[: int(clamped[-1])],
+            ref.grouped_mm_reference_float(a, b, clamped, torch.float64)[: int(clamped[-1])],
+            BF16,
+        )
+    kiln_env.set("KILN_VALIDATE_INDICES", "1")
+    with pytest.raises(IndexError, match=r"offs\[1\] = 100 is out of range.*rows = 16"):
+        kiln.grouped_mm(a, b, torch.tensor([12, 100], dtype=torch.int32, device="cuda"), backend="triton")
+    with pytest.raises(IndexError, match=r"offs\[1\] = 3 is out of range"):
+        kiln.grouped_mm(a, b, torch.tensor([5, 3], dtype=torch.int32, device="cuda"), backend="triton")
+
+
+@gpu
+def test_grouped_mm_triton_under_torch_compile():
+    a, b, offs = operands([30, 2, 64], 64, 64, BF16, "cuda", 5)
+    f = torch.compile(lambda a, b, o: kiln.grouped_mm(a, b, o, backend="triton"), fullgraph=True)
+    close(f(a, b, offs), ref.grouped_mm_reference_float(a, b, offs, torch.float64), BF16)
+
+
+def test_the_kernels_logic_under_tritons_cpu_interpreter():
+    """The grouped kernel itself, run by Triton's interpreter on the CPU (float32): group lookup,
+    tiles, masks and the clamping of bad offs, against the float64 reference."""
+    pytest.importorskip("triton", reason="the interpreter is part of triton==3.6.0")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    root = here.parents[2]
+    proc = subprocess.run(
+        [sys.executable, str(here / "grouped_triton_interpret.py"), str(root / "ops" / "gemm"), "1234"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert len(lines) == 9
+    for r in lines:
+        assert r["max_abs_err"] < 1e-4 and not r["nan"], r
+        assert r.get("untouched", True), r
