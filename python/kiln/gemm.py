@@ -585,12 +585,16 @@ def _grouped_triton_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, offs
     grid = (-(-rows // block_m) + groups, -(-n // block_n))
     if rows == 0 or n == 0:
         return
-    with torch.cuda.device(device):  # the launcher uses the current context: a's device's
-        kernel(
-            grid, a.data_ptr(), b.data_ptr(), out.data_ptr(), offs.data_ptr(), rows, n, k, groups,
-            a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), out.stride(0), out.stride(1),
-            stream=_jit.stream_of(device),
-        )
+    args = (
+        grid, a.data_ptr(), b.data_ptr(), out.data_ptr(), offs.data_ptr(), rows, n, k, groups,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), out.stride(0), out.stride(1),
+    )
+    stream = _jit.stream_of(device)
+    if device.index is None or device.index == torch.cuda.current_device():
+        kernel(*args, stream=stream)
+    else:
+        with torch.cuda.device(device):  # the launcher uses the current context: a's device's
+            kernel(*args, stream=stream)
 
 
 def _check_offs_now(api: str, offs: torch.Tensor, rows: int) -> None:

@@ -270,3 +270,68 @@ def test_n_cold_processes_compile_once(toy, tmp_path):
     results = [out.split() for out, _ in outs]
     assert all(r[0] == "4" for r in results)
     assert sum(int(r[1]) for r in results) == 1, results
+
+
+# ---- launching through the CUDA driver (a GPU) -------------------------------------------------
+
+
+def _device_ctx():
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return ArchContext.current(f"{major}.{minor}")
+
+
+@pytest.mark.gpu
+def test_launch_through_the_driver_matches_torch(toy, ws):
+    import torch
+
+    m = jit.load(toy_triton_spec(toy), _device_ctx())
+    n = 1000
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.rand(n, device="cuda", generator=g)
+    y = torch.rand(n, device="cuda", generator=g)
+    out = torch.full((n + 64,), float("nan"), device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        m.kernel("toy_add")(
+            ((n + 127) // 128,), x.data_ptr(), y.data_ptr(), out.data_ptr(), n, stream=stream.cuda_stream
+        )
+    stream.synchronize()
+    torch.testing.assert_close(out[:n], x + y, rtol=0, atol=0)
+    assert out[n:].isnan().all()  # the mask held
+    m.kernel("toy_fill")(((n + 127) // 128,), out.data_ptr(), n, 2.5)
+    torch.cuda.synchronize()
+    assert (out[:n] == 2.5).all() and out[n:].isnan().all()
+    with pytest.raises(TypeError, match="toy_fill takes 3 arguments"):
+        m.kernel("toy_fill")((1,), out.data_ptr(), n)
+
+
+@pytest.mark.gpu
+def test_a_module_without_code_for_this_device_says_so(toy, ws):
+    import torch
+
+    major, _ = torch.cuda.get_device_capability()
+    other = "8.0" if major != 8 else "9.0a"
+    m = jit.load(toy_triton_spec(toy), ArchContext.current(other))
+    torch.zeros(1, device="cuda")  # a current context
+    with pytest.raises(Exception, match="none of which runs on this device"):
+        m.kernel("toy_add")((1,), 0, 0, 0, 0)
+
+
+@pytest.mark.gpu
+def test_a_helper_edit_reaches_the_launched_kernel(toy, ws):
+    import torch
+
+    spec = toy_triton_spec(toy)
+    x = torch.ones(256, device="cuda")
+    out = torch.empty_like(x)
+    jit.load(spec, _device_ctx()).kernel("toy_add")((2,), x.data_ptr(), x.data_ptr(), out.data_ptr(), 256)
+    torch.cuda.synchronize()
+    assert (out == 2).all()
+    helper = toy / "toy_triton_helper.py"
+    helper.write_text(helper.read_text().replace("constexpr(1)", "constexpr(3)"))
+    jit.clear_memory_cache()
+    jit.load(spec, _device_ctx()).kernel("toy_add")((2,), x.data_ptr(), x.data_ptr(), out.data_ptr(), 256)
+    torch.cuda.synchronize()
+    assert (out == 4).all()

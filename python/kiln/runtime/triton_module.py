@@ -336,11 +336,20 @@ _ctx_handle = ctypes.c_void_p()
 _ctx_ref = ctypes.byref(_ctx_handle)
 
 
+_fast: dict = {}  # the two driver entry points of the hot path, bound once
+
+
 def _launch(*args) -> int:
-    return driver().cuLaunchKernel(*args)
+    fn = _fast.get("launch")
+    if fn is None:
+        fn = _fast["launch"] = driver().cuLaunchKernel
+    return fn(*args)
 
 
 def _ctx_cached() -> int:
     """The current context's handle (one driver call; the launcher's per-call lookup key)."""
-    driver().cuCtxGetCurrent(_ctx_ref)
+    fn = _fast.get("ctx")
+    if fn is None:
+        fn = _fast["ctx"] = driver().cuCtxGetCurrent
+    fn(_ctx_ref)
     return _ctx_handle.value or 0
