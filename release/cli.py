@@ -45,7 +45,7 @@ def _specs(label: str, toolchain: str, ctx: ArchContext) -> list:
             continue
         for s in shipped:
             spec = compile_spec(s, toolchain, graph)
-            if toolchain == "cuda":
+            if toolchain in ("cuda", "triton"):
                 try:
                     ctx.restrict(spec.arch_families, spec.what)
                 except ArchError as e:
@@ -63,7 +63,7 @@ def cmd_build(args) -> int:
         raise CliError(f"a release is built with the default build settings; unset "
                        f"{', '.join(changed)}")
     arch_list = ""
-    if args.toolchain == "cuda":
+    if args.toolchain in ("cuda", "triton"):
         arch_list = format_arch_list(parse_arch_list(
             args.arch_list or load_graph().workspace["RELEASE_ARCH_LIST"]))
     # Exactly the release's arch list: never KILN_CUDA_ARCH_LIST or the local devices.
