@@ -335,3 +335,87 @@ def test_a_helper_edit_reaches_the_launched_kernel(toy, ws):
     jit.load(spec, _device_ctx()).kernel("toy_add")((2,), x.data_ptr(), x.data_ptr(), out.data_ptr(), 256)
     torch.cuda.synchronize()
     assert (out == 4).all()
+
+
+def test_a_signature_that_does_not_match_the_function_is_refused(toy, ws):
+    from kiln.runtime.spec import CompileSpec, TritonKernel, Unit
+
+    spec = toy_triton_spec(toy)
+    bad = TritonKernel(
+        "toy_fill",
+        "toy_triton.py",
+        (("out", "*fp32"), ("n", "i32"), ("BLOCK", "constexpr")),
+        (("BLOCK", 64),),
+    )
+    spec = CompileSpec(
+        name="toy_bad",
+        uri="toy_bad",
+        toolchain="triton",
+        units=(Unit("toy_triton.py", "triton"),),
+        inputs=spec.inputs,
+        arch_families=spec.arch_families,
+        kernels=(bad,),
+    )
+    with pytest.raises(
+        build.CompileError, match=r"toy_fill takes \(out, n, value, BLOCK\); its signature declares"
+    ):
+        jit.build(spec, BOTH)
+
+
+def test_spec_checks():
+    from kiln.runtime.spec import CompileSpec, TritonKernel, Unit
+
+    k = TritonKernel("f", "a.py", (("x", "*fp32"),))
+    with pytest.raises(ValueError, match="declares no arch families"):
+        CompileSpec(
+            name="m", uri="m", toolchain="triton", units=(Unit("a.py", "triton"),), inputs=(), kernels=(k,)
+        )
+    with pytest.raises(ValueError, match="kernels= is for"):
+        CompileSpec(
+            name="m", uri="m", toolchain="host", units=(Unit("a.cc", "cxx"),), inputs=(), kernels=(k,)
+        )
+    with pytest.raises(ValueError, match="exactly when constexprs gives its value"):
+        TritonKernel("f", "a.py", (("B", "constexpr"),))
+    with pytest.raises(ValueError, match="lang 'cxx' is not one of"):
+        CompileSpec(
+            name="m",
+            uri="m",
+            toolchain="triton",
+            units=(Unit("a.cc", "cxx"),),
+            inputs=(),
+            arch_families=FAMILIES_ONE,
+            kernels=(k,),
+        )
+
+
+FAMILIES_ONE = (ArchFamily("sm90", ("9.0",)),)
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        ({"global_scratch_size": 128}, "global/profile scratch"),
+        ({"num_ctas": 2}, "clusters"),
+        ({"params": [["x", "*fp32"], ["t", "fp16"]]}, "argument t has type fp16"),
+    ],
+)
+def test_kernels_the_launcher_cannot_serve_are_refused_at_load(change, match):
+    from kiln.runtime.arch import parse_arch
+    from kiln.runtime.triton_module import Cubin, TritonLoadError
+
+    launch = {
+        "name": "k",
+        "shared": 0,
+        "num_warps": 4,
+        "num_stages": 1,
+        "num_ctas": 1,
+        "global_scratch_size": 0,
+        "profile_scratch_size": 0,
+        "launch_pdl": False,
+        "launch_cooperative_grid": False,
+        "params": [["x", "*fp32"]],
+        "cubin_sha256": "0" * 64,
+        **change,
+    }
+    with pytest.raises(TritonLoadError, match=match):
+        TritonModule("m", [Cubin("k", parse_arch("9.0a"), b"", launch)], "here")
