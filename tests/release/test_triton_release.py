@@ -35,8 +35,17 @@ def test_triton_package_is_served_with_the_jit_disabled(tmp_path):
         assert e["archs"] == ["8.0", "9.0a"] and e["file"].endswith(".triton.bundle.json")
         assert e["toolchain"]["triton"]["version"] == "3.6.0"
         assert "ops/gemm/grouped_triton.py" in e["portable_parts"]["inputs"]
-    _, problems = verify.verify_directory(artifact_dir)
+    m, problems = verify.verify_directory(artifact_dir)
     assert problems == []
+    # A bundle whose manifest digest matches but whose cubin does not match its launch metadata
+    # (built inconsistent, or edited and re-listed) is reported too.
+    e = m.modules[0]
+    bundle = json.loads((artifact_dir / e.file).read_bytes())
+    name = sorted(bundle["cubins"])[0]
+    h = bundle["cubins"][name]
+    bundle["cubins"][name] = ("1" if h[0] == "0" else "0") + h[1:]
+    (problems,) = verify._bundle_problems(e, json.dumps(bundle).encode())
+    assert f"{name} (" in problems and "does not match its recorded size and SHA-256" in problems
     (whl,) = (tmp_path / "dist").glob("kiln_kernels_precompiled_triton-*.whl")
     site, ws = tmp_path / "site", tmp_path / "fresh-ws"
     pip_install(whl, site)
