@@ -120,23 +120,25 @@ def main(argv: list[str]) -> int:
         name: _load_unit(Path(path), f"kiln_triton_src_{Path(path).stem}")
         for name, path in request["units"].items()
     }
-    roots = [str(Path(p).resolve().parent) + os.sep for p in request["units"].values()]
-    roots += [r.rstrip(os.sep) + os.sep for r in request["own_roots"]]
-    # Installed packages (triton itself, in a virtual environment that may lie inside a checkout)
-    # are covered by the toolchain's identity, not by digests.
+    unit_dirs = tuple(str(Path(p).resolve().parent) + os.sep for p in request["units"].values())
+    own = tuple(os.path.realpath(r) + os.sep for r in request["own_roots"])  # kiln's ops/
+    # kiln's own ops/ files always count (also inside an installed wheel's kiln/_src); beside a
+    # kernel file outside ops/ (a test's), installed packages do not: triton itself, in a virtual
+    # environment that may lie there, is covered by the toolchain's identity, not by digests.
     installed = tuple(os.path.realpath(p) + os.sep for p in {sys.prefix, sys.base_prefix})
     deps = set()
     for name in set(sys.modules) - before:
         f = getattr(sys.modules[name], "__file__", None)
-        if f and f.endswith(".py"):
-            f = os.path.realpath(f)
-            if (
-                f.startswith(tuple(roots))
-                and not f.startswith(installed)
-                and f"{os.sep}site-packages{os.sep}" not in f
-                and f not in request["units"].values()
-            ):
-                deps.add(f)
+        if not (f and f.endswith(".py")):
+            continue
+        f = os.path.realpath(f)
+        beside = (
+            f.startswith(unit_dirs)
+            and not f.startswith(installed)
+            and f"{os.sep}site-packages{os.sep}" not in f
+        )
+        if (f.startswith(own) or beside) and f not in request["units"].values():
+            deps.add(f)
     for k in request["kernels"]:
         fn = getattr(units[k["unit"]], k["entry"], None)
         if fn is None or not hasattr(fn, "run"):
