@@ -60,26 +60,27 @@ def _grouped_mm_body(
         row_end = tl.where(hit, end, row_end)
         tiles += count
         prev = end
-    if group >= 0:
-        rm = row0 + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rk = tl.arange(0, BLOCK_K)
-        mask_m = rm < row_end
-        mask_n = rn < n
-        rm64 = rm.to(tl.int64)
-        rn64 = rn.to(tl.int64)
-        a_ptrs = a + rm64[:, None] * stride_am + rk[None, :] * stride_ak
-        b_ptrs = b + group.to(tl.int64) * stride_bg + rk[:, None] * stride_bk + rn64[None, :] * stride_bn
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kk in range(0, tl.cdiv(k, BLOCK_K)):
-            k_left = k - kk * BLOCK_K
-            av = tl.load(a_ptrs, mask=mask_m[:, None] & (rk[None, :] < k_left), other=0.0)
-            bv = tl.load(b_ptrs, mask=(rk[:, None] < k_left) & mask_n[None, :], other=0.0)
-            acc = tl.dot(av, bv, acc)
-            a_ptrs += BLOCK_K * stride_ak
-            b_ptrs += BLOCK_K * stride_bk
-        o_ptrs = out + rm64[:, None] * stride_om + rn64[None, :] * stride_on
-        tl.store(o_ptrs, acc.to(out.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    if group < 0:  # a spare tile: no group has it
+        return
+    rm = row0 + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    mask_m = rm < row_end
+    mask_n = rn < n
+    rm64 = rm.to(tl.int64)
+    rn64 = rn.to(tl.int64)
+    a_ptrs = a + rm64[:, None] * stride_am + rk[None, :] * stride_ak
+    b_ptrs = b + group.to(tl.int64) * stride_bg + rk[:, None] * stride_bk + rn64[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kk in range(0, tl.cdiv(k, BLOCK_K)):
+        k_left = k - kk * BLOCK_K
+        av = tl.load(a_ptrs, mask=mask_m[:, None] & (rk[None, :] < k_left), other=0.0)
+        bv = tl.load(b_ptrs, mask=(rk[:, None] < k_left) & mask_n[None, :], other=0.0)
+        acc = tl.dot(av, bv, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    o_ptrs = out + rm64[:, None] * stride_om + rn64[None, :] * stride_on
+    tl.store(o_ptrs, acc.to(out.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
 @triton.jit

@@ -573,28 +573,97 @@ GROUPED_BACKENDS = ("auto", "cuda", "triton")
 _INT32_MAX = 2**31 - 1
 
 
-@custom_op("grouped_gemm_triton", mutates=("out",))
-def _grouped_triton_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> None:
-    """grouped_mm on the triton backend: one launch of grouped_mm_kernel (or its float32-out
-    twin) with the grid of ops/gemm/grouped_triton.py; offs is int32 on a's device."""
-    device = a.device
-    mod = _jit.triton_module(GROUPED, device, "kiln.grouped_mm", dtype=a.dtype, names={"dtype": "a.dtype"})
-    kernel = mod.kernel("grouped_mm_f32_kernel" if out.dtype == torch.float32 else "grouped_mm_kernel")
+class _TritonTactics:
+    """The triton grouped module as kiln uses it. Its kernels (ops/gemm/BUILD.py): the fallback
+    for any strides (grouped_mm_kernel, and grouped_mm_f32_kernel for float32 out) and the fast
+    ones compiled for unit strides and 16-aligned pointers and sizes, b column-major (kmajor) or
+    row-major (nmajor). The kmajor configs are the autotuner's tactics (kiln/autotuner.py, op
+    "grouped_triton": tuning, persistence and the blocklist as for the CUDA kernels); the
+    globaltimer timer borrows the CUDA grouped module's timestamp kernel."""
+
+    def __init__(self, mod, device: torch.device, dtype: torch.dtype):
+        self.mod, self.device, self.dtype = mod, device, dtype
+        names = [e for e in mod.entries if e.startswith("grouped_mm_kmajor")]
+        self.tactic_names = tuple(sorted(names, key=lambda e: (e != "grouped_mm_kmajor", e)))
+        self.kernels = [mod.kernel(e) for e in self.tactic_names]
+        self.nmajor = mod.kernel("grouped_mm_nmajor")
+        self.generic = mod.kernel("grouped_mm_kernel")
+        self.f32 = mod.kernel("grouped_mm_f32_kernel")
+
+    def timestamp(self, **kwargs):
+        return _jit.module(GROUPED, self.device, "kiln.autotune", dtype=self.dtype).timestamp(**kwargs)
+
+
+_triton_tactics: dict[int, _TritonTactics] = {}
+
+
+def _fast_layout(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> str | None:
+    """"kmajor" / "nmajor" when the call meets what the fast kernels were compiled assuming
+    (unit strides along k for a, along n for out; 16-byte aligned pointers; row strides, k or n
+    multiples of 16), else None (the fallback kernel)."""
+    if a.stride(1) != 1 or out.stride(1) != 1 or out.dtype != a.dtype:
+        return None
+    if any(t.data_ptr() % 16 for t in (a, b, out)):
+        return None
+    if a.stride(0) % 16 or out.stride(0) % 16 or b.stride(0) % 16:
+        return None
+    if b.stride(1) == 1 and b.stride(2) % 16 == 0 and a.shape[1] % 16 == 0:
+        return "kmajor"
+    if b.stride(2) == 1 and b.stride(1) % 16 == 0 and b.shape[2] % 16 == 0:
+        return "nmajor"
+    return None
+
+
+def _launch_triton(kernel, out, a, b, offs) -> None:
     rows, n, k, groups = a.shape[0], b.shape[2], a.shape[1], b.shape[0]
     block_m, block_n = kernel.constexprs["BLOCK_M"], kernel.constexprs["BLOCK_N"]
     grid = (-(-rows // block_m) + groups, -(-n // block_n))
-    if rows == 0 or n == 0:
-        return
-    args = (
-        grid, a.data_ptr(), b.data_ptr(), out.data_ptr(), offs.data_ptr(), rows, n, k, groups,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), out.stride(0), out.stride(1),
-    )
+    values = {
+        "a": a.data_ptr(), "b": b.data_ptr(), "out": out.data_ptr(), "offs": offs.data_ptr(), "rows": rows,
+        "n": n, "k": k, "groups": groups, "stride_am": a.stride(0), "stride_ak": a.stride(1),
+        "stride_bg": b.stride(0), "stride_bk": b.stride(1), "stride_bn": b.stride(2),
+        "stride_om": out.stride(0), "stride_on": out.stride(1),
+    }
+    args = [values[p] for p in kernel.params]  # a fast kernel has fewer (its unit strides are constexprs)
+    device = a.device
     stream = _jit.stream_of(device)
     if device.index is None or device.index == torch.cuda.current_device():
-        kernel(*args, stream=stream)
+        kernel(grid, *args, stream=stream)
     else:
         with torch.cuda.device(device):  # the launcher uses the current context: a's device's
-            kernel(*args, stream=stream)
+            kernel(grid, *args, stream=stream)
+
+
+@custom_op("grouped_gemm_triton", mutates=("out",))
+def _grouped_triton_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> None:
+    """grouped_mm on the triton backend: one launch of the fast kernel for the call's layout (for
+    kmajor the tuned config, else the default) or of the fallback, with the grid of
+    ops/gemm/grouped_triton.py; offs is int32 on a's device."""
+    device = a.device
+    mod = _jit.triton_module(GROUPED, device, "kiln.grouped_mm", dtype=a.dtype, names={"dtype": "a.dtype"})
+    if a.shape[0] == 0 or b.shape[2] == 0:
+        return
+    tactics = _triton_tactics.get(id(mod))
+    if tactics is None:
+        tactics = _triton_tactics.setdefault(id(mod), _TritonTactics(mod, device, a.dtype))
+    layout = _fast_layout(out, a, b)
+    if layout != "kmajor":
+        fallback = tactics.f32 if out.dtype == torch.float32 else tactics.generic
+        _launch_triton(tactics.nmajor if layout == "nmajor" else fallback, out, a, b, offs)
+        return
+
+    def run(t: int, strict: bool, blocked: int) -> int:
+        if t < 0 or (blocked >> t) & 1:
+            t = next((i for i in range(len(tactics.kernels)) if not (blocked >> i) & 1), 0)
+        _launch_triton(tactics.kernels[t], out, a, b, offs)
+        return t
+
+    def shape() -> str:
+        return (f"rows{autotuner.bucket(a.shape[0])} groups{b.shape[0]} n{b.shape[2]} k{a.shape[1]} "
+                f"{_SHORT[a.dtype]} w:kmajor out:{_SHORT[out.dtype]}")
+
+    every = list(range(len(tactics.kernels)))
+    autotuner.launch(tactics, "grouped_triton", shape, device, run, lambda: (0, every))
 
 
 def _check_offs_now(api: str, offs: torch.Tensor, rows: int) -> None:

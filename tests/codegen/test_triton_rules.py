@@ -59,7 +59,7 @@ def test_the_spec_substitutes_the_dispatch_values():
     for dtype, ty in (("bf16", "*bf16"), ("f16", "*fp16")):
         spec = module_spec("//ops/gemm:grouped", {"dtype": dtype}, "triton")
         assert spec.toolchain == "triton" and spec.name == f"gemm_grouped_dtype_{dtype}_triton"
-        k = dict((k.entry, k) for k in spec.kernels)
+        k = {k.key: k for k in spec.kernels}
         sig = dict(k["grouped_mm_kernel"].signature)
         assert (
             sig["a"] == ty

@@ -72,9 +72,9 @@ def test_cross_compiles_for_90a_and_80_with_no_gpu(toy, ws):
     ptx = (p.key_dir / "build" / "toy_add.sm90a.ptx").read_text()
     assert ".target sm_90a" in ptx
     assert library["kernels"]["toy_fill"]["8.0"]["params"] == [
-        ["out", "*fp32"],
-        ["n", "i32"],
-        ["value", "fp32"],
+        ["out", "*fp32", 1],
+        ["n", "i32", 1],
+        ["value", "fp32", 1],
     ]
 
 

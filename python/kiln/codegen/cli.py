@@ -118,7 +118,7 @@ def cmd_query(args) -> int:
         print(f"  arch families  {fams}")
         for k in t.triton_kernels:
             consts = ", ".join(f"{a}={v}" for a, v in k.constexprs)
-            print(f"  triton kernel  {k.entry} ({t.package}/{k.unit}; {consts}; "
+            print(f"  triton kernel  {k.name or k.entry} ({t.package}/{k.unit}: {k.entry}; {consts}; "
                   f"{k.num_warps} warps, {k.num_stages} stages)")
         for axis, values in t.dispatch:
             print(f"  axis {axis:<10}{', '.join(values)}")

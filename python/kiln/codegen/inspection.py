@@ -217,7 +217,7 @@ def format_text(r: dict, full: bool = False) -> str:
                 lines += [f"      {path}  sha256 {sha[:16]}" for path, sha in sorted(t["imports"].items())]
             lines.append("  cubins:" if "cubins" in t else f"  cubins: not readable: {t['cubins_error']}")
             for c in t.get("cubins", []):
-                lines.append(f"      {c['kernel']:<28} sm {c['arch']:<5} shared {c['shared_bytes']:>6} B  "
+                lines.append(f"      {c['name']:<36} sm {c['arch']:<5} shared {c['shared_bytes']:>6} B  "
                              f"warps {c['num_warps']}  stages {c['num_stages']}  "
                              f"{_size(c['cubin_bytes'])}  sha256 {c['cubin_sha256'][:16]}")
         if "manifest" in b:

@@ -69,16 +69,19 @@ class TritonKernelDecl:
     constexprs: tuple[tuple[str, object], ...]
     num_warps: int
     num_stages: int
+    name: str = ""  # the compiled kernel's name (default: entry); configs of one entry differ
 
 
 def triton_kernel(entry: str, *, unit: str, signature: dict, constexprs: dict | None = None,
-                  num_warps: int = 4, num_stages: int = 3) -> TritonKernelDecl:
+                  num_warps: int = 4, num_stages: int = 3, name: str = "") -> TritonKernelDecl:
     if not isinstance(entry, str) or not re.match(r"^[A-Za-z_]\w*$", entry):
         raise BuildFileError(f"triton_kernel({entry!r}): the entry point must be an identifier")
     if not isinstance(signature, dict) or not signature:
         raise BuildFileError(f"triton_kernel({entry!r}): signature= takes {{argument: type}}")
+    if name and not re.match(r"^[A-Za-z_]\w*$", name):
+        raise BuildFileError(f"triton_kernel({entry!r}, name={name!r}): the name must be an identifier")
     return TritonKernelDecl(entry, unit, tuple((str(a), str(t)) for a, t in signature.items()),
-                            tuple((constexprs or {}).items()), int(num_warps), int(num_stages))
+                            tuple((constexprs or {}).items()), int(num_warps), int(num_stages), name)
 
 
 @dataclass(frozen=True)

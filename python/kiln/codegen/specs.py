@@ -82,7 +82,7 @@ def triton_spec(spec: Specialisation, graph: Graph) -> CompileSpec:
         TritonKernel(k.entry, k.unit,
                      tuple((a, _substitute(t, typed, types)) for a, t in k.signature),
                      tuple((a, _substitute(v, params, types)) for a, v in k.constexprs),
-                     k.num_warps, k.num_stages)
+                     k.num_warps, k.num_stages, k.name)
         for k in target.triton_kernels)
     return CompileSpec(
         name=spec.module_name("triton"), uri=spec.uri, toolchain="triton",

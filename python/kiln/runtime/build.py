@@ -357,7 +357,7 @@ def _compile_triton(p: BuildPlan, key_dir: Path, quiet: bool) -> metadata.Metada
     kernels: dict[str, dict] = {}
     for k in p.spec.kernels:
         for a in p.archs:
-            stem = triton_build.stem(k.entry, a.sm)
+            stem = triton_build.stem(k.key, a.sm)
             data = (build_dir / f"{stem}.cubin").read_bytes()
             launch = json.loads((build_dir / f"{stem}.json").read_text())
             name = f"{p.spec.name}.{akey[:16]}.{stem}.cubin"
@@ -367,7 +367,7 @@ def _compile_triton(p: BuildPlan, key_dir: Path, quiet: bool) -> metadata.Metada
                 raise OSError(f"the copy of {build_dir / stem}.cubin in {key_dir} differs from it")
             outputs[name] = [len(data), sha]
             launch.update(cubin=name, cubin_sha256=sha, cubin_size=len(data))
-            kernels.setdefault(k.entry, {})[str(a)] = launch
+            kernels.setdefault(k.key, {})[str(a)] = launch
     library = json.dumps({"module": p.spec.name, "action_key": akey, "kernels": kernels},
                          indent=1, sort_keys=True)
     write_atomic(key_dir / lib_name, library, mode=0o600)

@@ -42,7 +42,9 @@ class Unit:
 class TritonKernel:
     """One entry point of a triton module: the `@triton.jit` function `entry` of unit `unit`,
     compiled with `signature` (argument -> triton type, "*bf16", "i32", ...; the constexpr
-    arguments as "constexpr"), `constexprs` (argument -> value) and the launch options."""
+    arguments as "constexpr"), `constexprs` (argument -> value) and the launch options. `name`
+    (default: `entry`) is what the module calls this compiled kernel: one function compiled with
+    several configs (tile sizes, warps, stages: autotuner tactics) is several names."""
 
     entry: str
     unit: str
@@ -50,10 +52,17 @@ class TritonKernel:
     constexprs: tuple[tuple[str, object], ...] = ()
     num_warps: int = 4
     num_stages: int = 3
+    name: str = ""
+
+    @property
+    def key(self) -> str:
+        """The compiled kernel's name in its module (its launch metadata, cubins, launcher)."""
+        return self.name or self.entry
 
     def __post_init__(self):
-        if not _IDENT.match(self.entry):
-            raise ValueError(f"triton entry point {self.entry!r} must be a Python identifier")
+        if not _IDENT.match(self.entry) or not _IDENT.match(self.key):
+            raise ValueError(f"triton entry point {self.entry!r} and name {self.key!r} must be "
+                             "Python identifiers")
         names = [a for a, _ in self.signature]
         missing = [c for c, _ in self.constexprs if c not in names]
         if missing:
@@ -67,7 +76,7 @@ class TritonKernel:
                              f"<= 32 and num_stages {self.num_stages} in 1..8")
 
     def to_json(self) -> dict:
-        return {"entry": self.entry, "unit": self.unit,
+        return {"entry": self.entry, "name": self.key, "unit": self.unit,
                 "signature": [list(x) for x in self.signature],  # in parameter order
                 "constexprs": dict(self.constexprs), "num_warps": self.num_warps,
                 "num_stages": self.num_stages}
@@ -116,8 +125,9 @@ class CompileSpec:
                 raise ValueError(f"triton kernel {k.entry}: unit {k.unit} is not one of {units}")
         if self.toolchain == "triton":
             stems = [u.name[:-3] for u in self.units]
-            if len(set(k.entry for k in self.kernels)) != len(self.kernels):
-                raise ValueError(f"spec {self.name}: triton entry points must be distinct")
+            if len(set(k.key for k in self.kernels)) != len(self.kernels):
+                raise ValueError(f"spec {self.name}: triton kernel names must be distinct (name= "
+                                 "tells configs of one entry point apart)")
             if not all(u.name.endswith(".py") and _IDENT.match(st) for u, st in
                        zip(self.units, stems, strict=True)):
                 raise ValueError(f"spec {self.name}: triton units must be <identifier>.py files")

@@ -149,16 +149,22 @@ def main(argv: list[str]) -> int:
                 f"{k['entry']} takes ({', '.join(fn.arg_names)}); its signature "
                 f"declares ({', '.join(declared)})"
             )
-        signature = {a: declared[a] for a in fn.arg_names}  # the function's own order
+        # "ty:16" (triton's AOT spelling): the argument is a multiple of 16 (a pointer: 16-byte
+        # aligned), the divisibility the JIT would specialise on; the launcher checks it per call.
+        signature = {a: declared[a].split(":")[0] for a in fn.arg_names}  # the function's order
+        hints = {a: int(declared[a].split(":")[1]) for a in fn.arg_names if ":" in declared[a]}
+        if any(h != 16 for h in hints.values()):
+            raise RuntimeError(f"{k['entry']}: the only divisibility hint is ':16', got {hints}")
+        attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in hints}
         for arch in request["archs"]:
-            src = ASTSource(fn, signature=signature, constexprs=k["constexprs"])
+            src = ASTSource(fn, signature=signature, constexprs=k["constexprs"], attrs=attrs)
             ck = triton.compile(
                 src,
                 target=GPUTarget("cuda", arch["capability"], 32),
                 options={"num_warps": k["num_warps"], "num_stages": k["num_stages"]},
             )
             built_sm = _ptx_arch(ck.asm["ptx"])
-            s = stem(k["entry"], arch["sm"])
+            s = stem(k["name"], arch["sm"])
             (out / f"{s}.cubin").write_bytes(ck.asm["cubin"])
             (out / f"{s}.ptx").write_text(ck.asm["ptx"])
             md = ck.metadata
@@ -169,7 +175,7 @@ def main(argv: list[str]) -> int:
                 requested_arch=arch["sm"],
                 triton_version=triton.__version__,
                 constexprs=k["constexprs"],
-                params=[[a, t] for a, t in signature.items() if t != "constexpr"],
+                params=[[a, t, hints.get(a, 1)] for a, t in signature.items() if t != "constexpr"],
             )
             (out / f"{s}.json").write_text(json.dumps(launch, indent=1, sort_keys=True))
     (out / "deps.json").write_text(json.dumps(sorted(deps)))

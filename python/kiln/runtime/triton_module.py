@@ -75,7 +75,8 @@ class Cubin:
     def resources(self) -> dict:
         """What `inspect` shows: kernel name, shared memory, warps, stages, size."""
         return {
-            "kernel": self.name,
+            "name": self.entry,  # its name in the module
+            "kernel": self.name,  # the @triton.jit function's
             "arch": str(self.arch),
             "shared_bytes": self.shared,
             "num_warps": self.launch["num_warps"],
@@ -100,7 +101,7 @@ def _check_launchable(c: Cubin, where: str) -> None:
             f"{where}: kernel {c.entry} needs clusters, a cooperative grid or "
             "PDL, which kiln's launcher does not support"
         )
-    for name, ty in c.launch["params"]:
+    for name, ty, *_ in c.launch["params"]:
         if not ty.startswith("*") and ty not in _CTYPES:
             raise TritonLoadError(
                 f"{where}: kernel {c.entry} argument {name} has type {ty}, "
@@ -266,10 +267,12 @@ class TritonKernel:
         self._mutex = threading.Lock()
         self._call_lock = threading.Lock()  # the argument buffers are shared by calls
         params = module.cubins[entry][0].launch["params"]
-        self.params = [n for n, _ in params]
+        self.params = [p[0] for p in params]
+        # (index, name, multiple) of the arguments compiled as multiples of 16 (":16").
+        self._aligned = [(i, p[0], p[2]) for i, p in enumerate(params) if len(p) > 2 and p[2] > 1]
         # The specialisation's tl.constexpr values (tile sizes a caller's grid depends on).
         self.constexprs: dict = dict(module.cubins[entry][0].launch.get("constexprs", {}))
-        self._slots = [ctypes.c_uint64() if t.startswith("*") else _CTYPES[t]() for _, t in params]
+        self._slots = [ctypes.c_uint64() if p[1].startswith("*") else _CTYPES[p[1]]() for p in params]
         self._slots += [ctypes.c_uint64(0), ctypes.c_uint64(0)]  # global, profile scratch: null
         self._argv = (ctypes.c_void_p * len(self._slots))(
             *[ctypes.cast(ctypes.byref(s), ctypes.c_void_p) for s in self._slots]
@@ -315,11 +318,18 @@ class TritonKernel:
 
     def __call__(self, grid: tuple[int, ...], *args, stream: int = 0) -> None:
         """Launch on `grid` ((x,), (x, y) or (x, y, z)) with `args` in the kernel's parameter
-        order (pointers as integers) on CUDA stream handle `stream`."""
+        order (pointers as integers) on CUDA stream handle `stream`. An argument compiled as a
+        multiple of 16 (":16" in its signature) that is not one is a ValueError, never a launch."""
         if len(args) != self._n:
             raise TypeError(
                 f"{self.entry} takes {self._n} arguments ({', '.join(self.params)}), got {len(args)}"
             )
+        for i, name, multiple in self._aligned:
+            if args[i] % multiple:
+                raise ValueError(
+                    f"{self.entry}: argument {name} = {args[i]} must be a multiple of {multiple} (the "
+                    "kernel was compiled assuming it); the caller must pick an unaligned variant"
+                )
         fn, cubin = self._functions.get(_ctx_cached()) or self.function()
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
         if gx <= 0 or gy <= 0 or gz <= 0:

@@ -19,6 +19,8 @@ from kiln.runtime.arch import ArchContext
 from kiln.trace import gemm as ref
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+CONFIGS = ["grouped_mm_kmajor_m128n128k64_w8s3", "grouped_mm_kmajor_m16n128k128_w4s4"]  # autotuner tactics
+FAST = ["grouped_mm_kmajor", *CONFIGS, "grouped_mm_nmajor"]
 TOL = {BF16: (1.6e-2, 1e-2), F16: (2e-3, 2e-3), F32: (1e-5, 1e-5)}
 gpu = pytest.mark.gpu
 
@@ -72,7 +74,12 @@ def test_cpu_tensors_run_the_host_backend_whatever_the_backend(backend):
 def test_the_target_declares_the_triton_toolchain():
     t = load_graph().target("//ops/gemm:grouped")
     assert t.toolchains == ("cuda", "host", "triton")
-    assert [k.entry for k in t.triton_kernels] == ["grouped_mm_kernel", "grouped_mm_f32_kernel"]
+    assert [k.name or k.entry for k in t.triton_kernels] == [
+        "grouped_mm_kernel",
+        "grouped_mm_f32_kernel",
+        *FAST,
+    ]
+    assert {k.entry for k in t.triton_kernels} == {"grouped_mm_kernel", "grouped_mm_f32_kernel"}
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
@@ -88,11 +95,19 @@ def test_both_kernels_cross_compile_for_80_and_90a(dtype, tmp_path, kiln_env):
     for entry, out_ty in (("grouped_mm_kernel", want_ty), ("grouped_mm_f32_kernel", "*fp32")):
         assert sorted(library["kernels"][entry]) == ["8.0", "9.0a"]
         for launch in library["kernels"][entry].values():
-            params = dict(launch["params"])
+            params = {p[0]: p[1] for p in launch["params"]}
             assert params["a"] == want_ty and params["out"] == out_ty and params["offs"] == "*i32"
             assert launch["constexprs"] == {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64}
             assert 0 < launch["shared"] <= 227 * 1024 and launch["num_warps"] == 4
             assert launch["global_scratch_size"] == 0
+    for name in FAST:  # unit strides as constexprs, ":16" hints recorded for the launcher to check
+        for launch in library["kernels"][name].values():
+            params = {p[0]: p[2] for p in launch["params"]}
+            unit = {"stride_ak", "stride_on", "stride_bk" if "kmajor" in name else "stride_bn"}
+            assert unit.isdisjoint(params) and all(launch["constexprs"][s] == 1 for s in unit)
+            assert params["a"] == params["b"] == params["out"] == params["stride_am"] == 16
+            assert params["k" if "kmajor" in name else "n"] == 16 and params["rows"] == 1
+            assert launch["shared"] > 24576  # pipelined: more than one stage of its tiles
     assert jit.build(spec, ArchContext.current("8.0;9.0a"))[0] == "cached"
 
 
@@ -202,3 +217,104 @@ def test_the_kernels_logic_under_tritons_cpu_interpreter():
     for r in lines:
         assert r["max_abs_err"] < 1e-4 and not r["nan"], r
         assert r.get("untouched", True), r
+
+
+# ---- the autotuner's tactics: the configs of grouped_mm_kernel ---------------------------------
+
+
+def test_the_configs_are_the_autotuners_tactics_and_the_blocklist_applies(tmp_path, kiln_env):
+    pytest.importorskip("triton", reason="cross-compiling needs triton==3.6.0 (pip install -e '.[test]')")
+    from kiln import autotuner, gemm
+
+    kiln_env.set("KILN_WORKSPACE_BASE", str(tmp_path))
+    spec = module_spec("//ops/gemm:grouped", {"dtype": "bf16"}, "triton")
+    mod = jit.load(spec, ArchContext.current("9.0a"))
+    tactics = gemm._TritonTactics(mod, torch.device("cpu"), BF16)
+    assert tactics.tactic_names == ("grouped_mm_kmajor", *sorted(CONFIGS))
+    assert [k.constexprs["BLOCK_M"] for k in tactics.kernels] == [64, 128, 16]
+    blocklist = tmp_path / "blocklist.json"
+    blocklist.write_text(
+        json.dumps(
+            {
+                "format": "kiln-tactic-blocklist",
+                "version": 1,
+                "blocked": [{"tactic": "grouped_mm_kmajor_m128*", "op": "grouped_triton", "why": "test"}],
+            }
+        )
+    )
+    kiln_env.set("KILN_TACTIC_BLOCKLIST", str(blocklist))
+    assert autotuner.blocked_mask(tactics, "grouped_triton", torch.device("cpu")) == 0b010
+    other = gemm._TritonTactics(mod, torch.device("cpu"), BF16)  # (masks are cached per module)
+    assert autotuner.blocked_mask(other, "grouped", torch.device("cpu")) == 0  # another op's rule
+
+
+@gpu
+@pytest.mark.parametrize("config", range(3))
+def test_every_config_matches_the_reference(config):
+    from kiln import gemm
+
+    a, b, offs = operands([17, 0, 250, 3, 0, 64], 208, 144, BF16, "cuda", 40 + config)
+    kiln.grouped_mm(a, b, offs, backend="triton")  # loads the module
+    mod = kiln._jit.triton_module("//ops/gemm:grouped", a.device, "test", dtype=BF16)
+    tactics = gemm._triton_tactics[id(mod)]
+    out = torch.full((a.shape[0], 208), float("nan"), dtype=BF16, device="cuda")
+    assert gemm._fast_layout(out, a, b) == "kmajor"
+    gemm._launch_triton(tactics.kernels[config], out, a, b, offs)
+    close(out, ref.grouped_mm_reference_float(a, b, offs, torch.float64), BF16)
+
+
+@gpu
+def test_tuning_records_a_triton_config_and_reuses_it(tmp_path):
+    a, b, offs = operands([300, 7, 128, 1, 90], 256, 256, BF16, "cuda", 9)
+    cache = tmp_path / "tactics.json"
+    with kiln.autotune(cache=str(cache)):
+        out = kiln.grouped_mm(a, b, offs, backend="triton")
+    close(out, ref.grouped_mm_reference_float(a, b, offs, torch.float64), BF16)
+    entries = json.loads(cache.read_text())["entries"]
+    (entry,) = [e for e in entries.values() if e["op"] == "grouped_triton"]
+    assert entry["tactic"] in ("grouped_mm_kmajor", *CONFIGS)
+    assert set(entry["timings_us"]) == {"grouped_mm_kmajor", *CONFIGS}  # every config was timed
+    assert entry["default"] == "grouped_mm_kmajor"
+    with kiln.autotune(False, cache=str(cache)):
+        close(
+            kiln.grouped_mm(a, b, offs, backend="triton"),
+            ref.grouped_mm_reference_float(a, b, offs, torch.float64),
+            BF16,
+        )
+
+
+@gpu
+@pytest.mark.parametrize("case", ["kmajor", "nmajor", "odd_k", "odd_n_nmajor", "misaligned", "strided_a"])
+def test_each_kernel_variant_is_chosen_and_matches_the_reference(case):
+    from kiln import gemm
+
+    lens, n, k = [40, 0, 300, 7, 129], 256, 192
+    if case == "odd_k":
+        k = 200
+    if case == "odd_n_nmajor":
+        n = 200
+    a, b, offs = operands(lens, n, k, BF16, "cuda", 77, column_major=case not in ("nmajor", "odd_n_nmajor"))
+    if case == "misaligned":  # a's data 2 bytes past an aligned address
+        a = torch.cat([torch.zeros(1, dtype=BF16, device="cuda"), a.flatten()])[1:].view(a.shape)
+    if case == "strided_a":
+        a = torch.cat([a, a], dim=1)[:, :k]  # row stride 2k, still aligned: kmajor
+    out = torch.full((sum(lens), n), float("nan"), dtype=BF16, device="cuda")
+    want = {"kmajor": "kmajor", "nmajor": "nmajor", "strided_a": "kmajor"}.get(case)
+    assert gemm._fast_layout(out, a, b) == want
+    kiln.grouped_mm(a, b, offs, out=out, backend="triton")
+    close(out, ref.grouped_mm_reference_float(a, b, offs, torch.float64), BF16)
+
+
+@gpu
+def test_a_fast_kernel_refuses_an_argument_it_was_not_compiled_for():
+    from kiln import gemm
+
+    a, b, offs = operands([8, 8], 128, 64, BF16, "cuda", 3)
+    kiln.grouped_mm(a, b, offs, backend="triton")
+    tactics = gemm._triton_tactics[
+        id(kiln._jit.triton_module("//ops/gemm:grouped", a.device, "t", dtype=BF16))
+    ]
+    out = torch.empty((16, 128), dtype=BF16, device="cuda")
+    a_bad = torch.cat([torch.zeros(1, dtype=BF16, device="cuda"), a.flatten()])[1:].view(a.shape)
+    with pytest.raises(ValueError, match=r"argument a = \d+ must be a multiple of 16"):
+        gemm._launch_triton(tactics.kernels[0], out, a_bad, b, offs)
