@@ -71,3 +71,65 @@ def test_the_spec_substitutes_the_dispatch_values():
             str(f) for f in module_spec("//ops/gemm:grouped", {"dtype": dtype}, "cuda").arch_families
         ]
     assert "triton" in load_graph().workspace["TOOLCHAINS"]
+
+
+def test_query_explain_and_inspect_show_triton_modules(tmp_path, kiln_env, capsys):
+    pytest.importorskip("triton", reason="inspect builds a module: triton==3.6.0 (pip install -e '.[test]')")
+    from kiln.codegen.cli import main
+
+    kiln_env.set("KILN_WORKSPACE_BASE", str(tmp_path / "ws"))
+    assert main(["query", "//ops/gemm:grouped"]) == 0
+    out = capsys.readouterr().out
+    assert "toolchains     cuda, host, triton" in out
+    assert "triton kernel  grouped_mm_kmajor (ops/gemm/grouped_triton.py: grouped_mm_kernel;" in out
+    assert (
+        main(
+            [
+                "explain",
+                "//ops/gemm:grouped",
+                "--toolchain",
+                "triton",
+                "--arch-list",
+                "9.0a",
+                "--set",
+                "dtype=bf16",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "python -m kiln.runtime.triton_build" in out and "GPUTarget('cuda', 90, 32)" in out
+    assert '"version": "3.6.0"' in out and '"ops/gemm/grouped_triton.py":' in out
+    assert "status: a build would happen now" in out and not (tmp_path / "ws").exists()
+    assert (
+        main(
+            [
+                "build",
+                "//ops/gemm:grouped",
+                "--toolchain",
+                "triton",
+                "--arch-list",
+                "9.0a",
+                "--set",
+                "dtype=bf16",
+            ]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    assert main(["inspect", "gemm_grouped_dtype_bf16_triton", "--arch-list", "9.0a"]) == 0
+    out = capsys.readouterr().out
+    assert "status           usable: the JIT loads this one" in out
+    assert "triton 3.6.0; kernel sources:" in out and "ops/gemm/grouped_triton.py  sha256" in out
+    rows = [ln.split() for ln in out.splitlines() if " sm 9.0a " in ln]
+    assert sorted(r[0] for r in rows) == sorted(
+        [
+            "grouped_mm_kernel",
+            "grouped_mm_f32_kernel",
+            "grouped_mm_kmajor",
+            "grouped_mm_kmajor_m128n128k64_w8s3",
+            "grouped_mm_kmajor_m16n128k128_w4s4",
+            "grouped_mm_nmajor",
+        ]
+    )
+    assert all(int(r[r.index("shared") + 1]) > 0 and r[r.index("warps") + 1] in ("4", "8") for r in rows)

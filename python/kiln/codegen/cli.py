@@ -203,6 +203,10 @@ def cmd_explain(args) -> int:
             print(f"  {line}")
         if p.toolchain_problem:
             print(f"compile commands: none, the toolchain is unavailable: {p.toolchain_problem}")
+        elif p.spec.toolchain == "triton":
+            print("compile commands:")
+            for c in rt_build.triton_commands(p):
+                print(f"  {c}")
         else:
             with tempfile.TemporaryDirectory() as tmp:
                 rt_build.write_manifest(p, Path(tmp))

@@ -320,6 +320,20 @@ def _compile(p: BuildPlan, key_dir: Path, jobs: int | None, quiet: bool) -> meta
     return md
 
 
+def triton_commands(p: BuildPlan) -> list[str]:
+    """What compiling a triton plan runs: the child's command line, then one triton.compile per
+    kernel and arch (for `explain`)."""
+    out = [f"python -m kiln.runtime.triton_build {p.key_dir / 'build' / 'request.json'}"
+           f"  (TRITON_CACHE_DIR={p.key_dir / 'build' / 'triton-cache'})"]
+    for k in p.spec.kernels:
+        consts = ", ".join(f"{a}={v}" for a, v in k.constexprs)
+        for a in p.archs:
+            out.append(f"  {k.key}: triton.compile(ASTSource({k.unit}:{k.entry}, constexprs={{{consts}}}), "
+                       f"GPUTarget('cuda', {a.major * 10 + a.minor}, 32), num_warps={k.num_warps}, "
+                       f"num_stages={k.num_stages}) -> {triton_build.stem(k.key, a.sm)}.cubin")
+    return out
+
+
 def _compile_triton(p: BuildPlan, key_dir: Path, quiet: bool) -> metadata.Metadata:
     """Compile every kernel of a triton module for every arch of `p` (runtime/triton_build.py)
     and publish: each cubin under a name of its action key, then the launch metadata of all of
