@@ -18,7 +18,7 @@ from helpers import REPO
 from triton_helpers import make_toy_triton, toy_triton_spec
 
 from kiln.runtime import build, jit, metadata, toolchain
-from kiln.runtime.arch import ArchContext, ArchError, ArchFamily
+from kiln.runtime.arch import ArchContext, ArchError, ArchFamily, parse_arch
 from kiln.runtime.triton_module import TritonModule, bundle
 
 pytest.importorskip(
@@ -419,3 +419,64 @@ def test_kernels_the_launcher_cannot_serve_are_refused_at_load(change, match):
     }
     with pytest.raises(TritonLoadError, match=match):
         TritonModule("m", [Cubin("k", parse_arch("9.0a"), b"", launch)], "here")
+
+
+def test_the_launcher_packs_arguments_in_the_compiled_order(toy, ws, monkeypatch):
+    """The launch path up to cuLaunchKernel with no GPU: the driver call is replaced by one that
+    reads back what the launcher passes (function, grid, block, shared bytes, stream and every
+    kernel parameter, then the two null scratch pointers)."""
+    import ctypes
+
+    from kiln.runtime import triton_module
+
+    m = jit.load(toy_triton_spec(toy), BOTH)
+    k = m.kernel("toy_fill")
+    cubin = k.cubin_for(parse_arch("9.0"))
+    assert str(cubin.arch) == "9.0a" and str(k.cubin_for(parse_arch("8.6")).arch) == "8.0"
+    k._functions[4242] = (0xDEAD, cubin)
+    monkeypatch.setattr(triton_module, "_ctx_cached", lambda: 4242)
+    seen = []
+
+    def fake_launch(fn, gx, gy, gz, bx, by, bz, shared, stream, argv, extra):
+        types = (ctypes.c_uint64, ctypes.c_int32, ctypes.c_float, ctypes.c_uint64, ctypes.c_uint64)
+        params = [ctypes.cast(argv[i], ctypes.POINTER(t)).contents.value for i, t in enumerate(types)]
+        seen.append((fn, (gx, gy, gz), (bx, by, bz), shared, stream, params, extra))
+        return 0
+
+    monkeypatch.setitem(triton_module._fast, "launch", fake_launch)
+    k((3, 2), 0x1000, 77, 2.5, stream=55)
+    k((0,), 0x1000, 77, 2.5)  # an empty grid launches nothing
+    assert seen == [(0xDEAD, (3, 2, 1), (64, 1, 1), cubin.shared, 55, [0x1000, 77, 2.5, 0, 0], None)]
+    with pytest.raises(TypeError, match=r"toy_fill takes 3 arguments \(out, n, value\), got 2"):
+        k((1,), 0x1000, 77)
+
+
+def test_the_launcher_refuses_an_argument_that_breaks_a_16_hint(toy, ws, monkeypatch):
+    from kiln.runtime import triton_module
+    from kiln.runtime.spec import CompileSpec, TritonKernel, Unit
+
+    hinted = TritonKernel(
+        "toy_fill",
+        "toy_triton.py",
+        (("out", "*fp32:16"), ("n", "i32:16"), ("value", "fp32"), ("BLOCK", "constexpr")),
+        (("BLOCK", 128),),
+    )
+    spec = CompileSpec(
+        name="toy_hinted",
+        uri="toy_hinted",
+        toolchain="triton",
+        units=(Unit("toy_triton.py", "triton"),),
+        inputs=(toy / "toy_triton.py",),
+        arch_families=FAMILIES_ONE,
+        kernels=(hinted,),
+    )
+    k = jit.load(spec, ArchContext.current("9.0a")).kernel("toy_fill")
+    assert [p[2] for p in k.module.cubins["toy_fill"][0].launch["params"]] == [16, 16, 1]
+    monkeypatch.setattr(triton_module, "_ctx_cached", lambda: 1)
+    k._functions[1] = (1, k.module.cubins["toy_fill"][0])
+    monkeypatch.setitem(triton_module._fast, "launch", lambda *a: 0)
+    k((1,), 0x1000, 64, 1.0)  # aligned: launched
+    with pytest.raises(ValueError, match=r"argument out = 4098 must be a multiple of 16"):
+        k((1,), 0x1002, 64, 1.0)
+    with pytest.raises(ValueError, match=r"argument n = 65 must be a multiple of 16"):
+        k((1,), 0x1000, 65, 1.0)

@@ -318,3 +318,67 @@ def test_a_fast_kernel_refuses_an_argument_it_was_not_compiled_for():
     a_bad = torch.cat([torch.zeros(1, dtype=BF16, device="cuda"), a.flatten()])[1:].view(a.shape)
     with pytest.raises(ValueError, match=r"argument a = \d+ must be a multiple of 16"):
         gemm._launch_triton(tactics.kernels[0], out, a_bad, b, offs)
+
+
+def test_the_layout_choice_and_the_launch_arguments_on_cpu_tensors():
+    """Which kernel a call gets (gemm._fast_layout) and what _launch_triton passes it (grid, and
+    each parameter by name, the constexpr unit strides left out), with a stand-in launcher."""
+    from kiln import gemm
+
+    a = torch.empty(100, 64, dtype=BF16)
+    kmajor_b = torch.empty(4, 128, 64, dtype=BF16).transpose(1, 2)
+    out = torch.empty(100, 128, dtype=BF16)
+    assert gemm._fast_layout(out, a, kmajor_b) == "kmajor"
+    assert gemm._fast_layout(out, a, torch.empty(4, 64, 128, dtype=BF16)) == "nmajor"
+    assert gemm._fast_layout(out.float(), a, kmajor_b) is None  # float32 out: the fallback
+    assert (
+        gemm._fast_layout(
+            out, torch.empty(100, 72, dtype=BF16), torch.empty(4, 128, 72, dtype=BF16).transpose(1, 2)
+        )
+        is None
+    )
+    assert gemm._fast_layout(out, torch.empty(64, 100, dtype=BF16).t(), kmajor_b) is None  # a column-major
+    assert (
+        gemm._fast_layout(torch.empty(100, 136, dtype=BF16)[:, :128], a, kmajor_b) is None
+    )  # out row stride 136
+
+    class Stand:
+        params = [
+            "a",
+            "b",
+            "out",
+            "offs",
+            "rows",
+            "n",
+            "k",
+            "groups",
+            "stride_am",
+            "stride_bg",
+            "stride_bn",
+            "stride_om",
+        ]
+        constexprs = {"BLOCK_M": 64, "BLOCK_N": 128}
+        calls = []
+
+        def __call__(self, grid, *args, stream):
+            self.calls.append((grid, args, stream))
+
+    offs = torch.tensor([10, 60, 60, 100], dtype=torch.int32)
+    k = Stand()
+    gemm._launch_triton(k, out, a, kmajor_b, offs)
+    ((grid, args, stream),) = k.calls
+    assert grid == (2 + 4, 1) and stream == 0
+    assert args == (
+        a.data_ptr(),
+        kmajor_b.data_ptr(),
+        out.data_ptr(),
+        offs.data_ptr(),
+        100,
+        128,
+        64,
+        4,
+        64,
+        128 * 64,
+        64,
+        128,
+    )
