@@ -83,12 +83,12 @@ def test_the_target_declares_the_triton_toolchain():
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
-def test_both_kernels_cross_compile_for_80_and_90a(dtype, tmp_path, kiln_env):
+def test_both_kernels_cross_compile_for_80_and_90a(dtype):
+    """In the session's workspace: the autotuner, CLI and release tests then find these builds."""
     pytest.importorskip("triton", reason="cross-compiling needs triton==3.6.0 (pip install -e '.[test]')")
-    kiln_env.set("KILN_WORKSPACE_BASE", str(tmp_path))
     spec = module_spec("//ops/gemm:grouped", {"dtype": dtype}, "triton")
     status, p = jit.build(spec, ArchContext.current("8.0;9.0a"))
-    assert status == "built"
+    assert status in ("built", "cached")
     md = metadata.read(p.key_dir)
     library = json.loads((p.key_dir / md.library).read_text())
     want_ty = {"bf16": "*bf16", "f16": "*fp16"}[dtype]
@@ -226,9 +226,8 @@ def test_the_configs_are_the_autotuners_tactics_and_the_blocklist_applies(tmp_pa
     pytest.importorskip("triton", reason="cross-compiling needs triton==3.6.0 (pip install -e '.[test]')")
     from kiln import autotuner, gemm
 
-    kiln_env.set("KILN_WORKSPACE_BASE", str(tmp_path))
     spec = module_spec("//ops/gemm:grouped", {"dtype": "bf16"}, "triton")
-    mod = jit.load(spec, ArchContext.current("9.0a"))
+    mod = jit.load(spec, ArchContext.current("8.0;9.0a"))
     tactics = gemm._TritonTactics(mod, torch.device("cpu"), BF16)
     assert tactics.tactic_names == ("grouped_mm_kmajor", *sorted(CONFIGS))
     assert [k.constexprs["BLOCK_M"] for k in tactics.kernels] == [64, 128, 16]
