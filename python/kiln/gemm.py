@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from kiln.runtime import env
+from kiln.runtime.triton_module import NoCudaContext
 
 from . import _jit, autotuner, errors
 from ._ops import custom_op
@@ -628,10 +629,13 @@ def _launch_triton(kernel, out, a, b, offs) -> None:
     device = a.device
     stream = _jit.stream_of(device)
     if device.index is None or device.index == torch.cuda.current_device():
-        kernel(grid, *args, stream=stream)
-    else:
-        with torch.cuda.device(device):  # the launcher uses the current context: a's device's
+        try:
             kernel(grid, *args, stream=stream)
+            return
+        except NoCudaContext:  # a thread that never touched the GPU: make its context current
+            pass
+    with torch.cuda.device(device):  # cudaSetDevice makes a's device's primary context current
+        kernel(grid, *args, stream=stream)
 
 
 @custom_op("grouped_gemm_triton", mutates=("out",))

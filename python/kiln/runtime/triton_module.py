@@ -16,7 +16,10 @@ profile scratch pointers (null: kernels that need scratch are refused at load). 
 passed as integers (a tensor's data_ptr()), the caller (the op's Python API) having validated
 shapes, dtypes and devices. The argument buffers are built once per launcher and only their
 values change per call: the host cost is one ctypes call plus one store per argument
-(benchmarks/routines/triton_overhead.py measures it against an nvcc module of the same arity).
+(benchmarks/triton_overhead.py measures it against an nvcc module of the same arity). An
+argument compiled with a ":16" hint is checked to be a multiple of 16 before the launch. A thread
+with no current CUDA context gets NoCudaContext (the op makes its device's context current, and
+retries).
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ class TritonLoadError(RuntimeError):
 
 class CudaDriverError(RuntimeError):
     pass
+
+
+class NoCudaContext(CudaDriverError):
+    """The calling thread has no current CUDA context (it never touched the device)."""
 
 
 @dataclass(frozen=True)
@@ -246,7 +253,7 @@ def _current_context() -> tuple[int, Arch]:
     ctx = ctypes.c_void_p()
     check(lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
     if not ctx.value:
-        raise CudaDriverError(
+        raise NoCudaContext(
             "no current CUDA context: initialise the device first (torch does on its first CUDA tensor)"
         )
     dev = ctypes.c_int()

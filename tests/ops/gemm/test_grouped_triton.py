@@ -381,3 +381,26 @@ def test_the_layout_choice_and_the_launch_arguments_on_cpu_tensors():
         64,
         128,
     )
+
+
+@gpu
+def test_grouped_mm_triton_from_a_fresh_thread():
+    """A thread that never touched the GPU has no current CUDA context; the op makes it current."""
+    import threading
+
+    a, b, offs = operands([30, 2, 64], 128, 64, BF16, "cuda", 13)
+    out = torch.full((96, 128), float("nan"), dtype=BF16, device="cuda")
+    errors = []
+
+    def work():
+        try:
+            kiln.grouped_mm(a, b, offs, out=out, backend="triton")
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert errors == []
+    close(out, ref.grouped_mm_reference_float(a, b, offs, torch.float64), BF16)
