@@ -5,8 +5,9 @@ Triton kernels tile it: one program per (BLOCK_M rows of one group, BLOCK_N colu
 
 Grid: (cdiv(rows, BLOCK_M) + groups, cdiv(n, BLOCK_N)). The row tiles of all groups together
 number at most cdiv(rows, BLOCK_M) + groups (each group wastes at most one partial tile), so the
-grid is known on the host without reading offs (no sync); a program finds its group by walking
-offs (a scalar loop over the groups) and exits when it has none.
+grid is known on the host without reading offs (no sync); a program finds its group from offs
+(_find_tile: one vector load and two scans for up to 256 groups, else a scalar walk) and exits
+when it has none.
 
 Layouts: any strides (elements, int64) for a, b and out: b column-major per group (the transpose
 view of [groups, n, k], as MoE weights are held) or row-major. Memory safety for any offs: each
@@ -20,6 +21,51 @@ Triton's JIT: this file is read in place, and its signatures and tile constants 
 
 import triton
 import triton.language as tl
+
+# Up to this many groups, a program finds its tile with one vector load of offs and two scans;
+# beyond it, with a scalar walk over the groups (the same result).
+GROUP_SCAN = tl.constexpr(256)
+
+
+@triton.jit
+def _running_max(x, y):
+    return tl.maximum(x, y)
+
+
+@triton.jit
+def _find_tile(offs, rows, groups, pid_m, BLOCK_M: tl.constexpr):
+    """(group, first row, end row) of row tile `pid_m`, group -1 for a spare tile. Group g's rows
+    are [end(g-1), end(g)) with end(g) = min(max(offs[0..g], 0), rows): offs clamped into
+    [previous end, rows], so a bad offs can never move a tile outside [0, rows)."""
+    if groups <= GROUP_SCAN:
+        idx = tl.arange(0, GROUP_SCAN)
+        raw = tl.load(offs + idx, mask=idx < groups, other=0)
+        raw_prev = tl.load(offs + idx - 1, mask=(idx > 0) & (idx < groups), other=0)
+        ends = tl.minimum(tl.associative_scan(tl.maximum(raw, 0), 0, _running_max), rows)
+        prevs = tl.minimum(tl.associative_scan(tl.maximum(raw_prev, 0), 0, _running_max), rows)
+        counts = tl.where(idx < groups, tl.cdiv(ends - prevs, BLOCK_M), 0)  # no tiles past groups
+        tiles_end = tl.cumsum(counts, 0)
+        tiles_start = tiles_end - counts
+        hit = (pid_m >= tiles_start) & (pid_m < tiles_end)
+        group = tl.max(tl.where(hit, idx, -1), 0)
+        row0 = tl.sum(tl.where(hit, prevs + (pid_m - tiles_start) * BLOCK_M, 0), 0)
+        row_end = tl.sum(tl.where(hit, ends, 0), 0)
+    else:
+        group = -1
+        row0 = 0
+        row_end = 0
+        tiles = 0
+        prev = 0
+        for g in range(0, groups):
+            end = tl.minimum(tl.maximum(tl.load(offs + g), prev), rows)
+            count = tl.cdiv(end - prev, BLOCK_M)
+            hit = (pid_m >= tiles) & (pid_m < tiles + count)
+            group = tl.where(hit, g, group)
+            row0 = tl.where(hit, prev + (pid_m - tiles) * BLOCK_M, row0)
+            row_end = tl.where(hit, end, row_end)
+            tiles += count
+            prev = end
+    return group, row0, row_end
 
 
 @triton.jit
@@ -45,21 +91,7 @@ def _grouped_mm_body(
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    # Which group's which row tile this program computes.
-    group = -1
-    row0 = 0
-    row_end = 0
-    tiles = 0
-    prev = 0
-    for g in range(0, groups):
-        end = tl.minimum(tl.maximum(tl.load(offs + g), prev), rows)
-        count = tl.cdiv(end - prev, BLOCK_M)
-        hit = (pid_m >= tiles) & (pid_m < tiles + count)
-        group = tl.where(hit, g, group)
-        row0 = tl.where(hit, prev + (pid_m - tiles) * BLOCK_M, row0)
-        row_end = tl.where(hit, end, row_end)
-        tiles += count
-        prev = end
+    group, row0, row_end = _find_tile(offs, rows, groups, pid_m, BLOCK_M)
     if group < 0:  # a spare tile: no group has it
         return
     rm = row0 + tl.arange(0, BLOCK_M)

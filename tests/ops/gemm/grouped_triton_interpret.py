@@ -15,6 +15,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import triton  # noqa: E402
 import triton.runtime.interpreter as interpreter  # noqa: E402
 
 
@@ -78,38 +79,50 @@ def run(a, b, offs, out):
         )
 
 
-for lens, n, k, column_major in CASES:
-    rows = sum(lens)
-    a = torch.rand((rows, k), generator=g) * 2 - 1
-    b = (
-        (torch.rand((len(lens), n, k), generator=g) * 2 - 1).transpose(1, 2)
-        if column_major
-        else torch.rand((len(lens), k, n), generator=g) * 2 - 1
-    )
-    offs = torch.tensor(lens).cumsum(0).to(torch.int32)
-    out = torch.full((rows, n), float("nan"))
-    run(a, b, offs, out)
-    want = ref.grouped_mm_reference_float(a, b, offs, torch.float64)
-    err = (out.double() - want).abs().max().item() if rows and n else 0.0
-    print(
-        json.dumps({"case": [lens, n, k, column_major], "max_abs_err": err, "nan": bool(out.isnan().any())})
-    )
-for bad in BAD:
-    a = torch.rand((16, 32), generator=g) * 2 - 1
-    b = torch.rand((2, 32, 24), generator=g) * 2 - 1
-    out = torch.full((16, 24), float("nan"))
-    run(a, b, torch.tensor(bad, dtype=torch.int32), out)
-    clamped = torch.tensor(bad).clamp(min=0).cummax(0).values.clamp(max=16)
-    last = int(clamped[-1])
-    want = ref.grouped_mm_reference_float(a, b, clamped, torch.float64)
-    err = (out[:last].double() - want[:last]).abs().max().item() if last else 0.0
-    print(
-        json.dumps(
-            {
-                "case": ["bad", bad],
-                "max_abs_err": err,
-                "nan": bool(out[:last].isnan().any()),
-                "untouched": bool(out[last:].isnan().all()),
-            }
+# Both ways of finding a tile: the vector scan (up to GROUP_SCAN groups) and the scalar walk
+# (GROUP_SCAN lowered to 2, so every case with more groups takes it).
+for scan in (256, 2):
+    gt.GROUP_SCAN = triton.language.constexpr(scan)
+    for lens, n, k, column_major in CASES:
+        rows = sum(lens)
+        a = torch.rand((rows, k), generator=g) * 2 - 1
+        b = (
+            (torch.rand((len(lens), n, k), generator=g) * 2 - 1).transpose(1, 2)
+            if column_major
+            else torch.rand((len(lens), k, n), generator=g) * 2 - 1
         )
-    )
+        offs = torch.tensor(lens).cumsum(0).to(torch.int32)
+        out = torch.full((rows, n), float("nan"))
+        run(a, b, offs, out)
+        want = ref.grouped_mm_reference_float(a, b, offs, torch.float64)
+        err = (out.double() - want).abs().max().item() if rows and n else 0.0
+        print(
+            json.dumps(
+                {
+                    "scan": scan,
+                    "case": [lens, n, k, column_major],
+                    "max_abs_err": err,
+                    "nan": bool(out.isnan().any()),
+                }
+            )
+        )
+    for bad in BAD:
+        a = torch.rand((16, 32), generator=g) * 2 - 1
+        b = torch.rand((2, 32, 24), generator=g) * 2 - 1
+        out = torch.full((16, 24), float("nan"))
+        run(a, b, torch.tensor(bad, dtype=torch.int32), out)
+        clamped = torch.tensor(bad).clamp(min=0).cummax(0).values.clamp(max=16)
+        last = int(clamped[-1])
+        want = ref.grouped_mm_reference_float(a, b, clamped, torch.float64)
+        err = (out[:last].double() - want[:last]).abs().max().item() if last else 0.0
+        print(
+            json.dumps(
+                {
+                    "scan": scan,
+                    "case": ["bad", bad],
+                    "max_abs_err": err,
+                    "nan": bool(out[:last].isnan().any()),
+                    "untouched": bool(out[last:].isnan().all()),
+                }
+            )
+        )
