@@ -6,6 +6,7 @@ cross-compile for 8.0 and 9.0a with no GPU."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -22,7 +23,15 @@ BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 CONFIGS = ["grouped_mm_kmajor_m128n128k64_w8s3", "grouped_mm_kmajor_m16n128k128_w4s4"]  # autotuner tactics
 FAST = ["grouped_mm_kmajor", *CONFIGS, "grouped_mm_nmajor"]
 TOL = {BF16: (1.6e-2, 1e-2), F16: (2e-3, 2e-3), F32: (1e-5, 1e-5)}
-gpu = pytest.mark.gpu
+_needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None,
+    reason="the triton backend needs triton==3.6.0 (pip install -e '.[test]')",
+)
+
+
+def gpu(test):
+    """A GPU test of the triton backend: marked gpu, and skipped where triton is not installed."""
+    return pytest.mark.gpu(_needs_triton(test))
 
 
 def gen(seed: int) -> torch.Generator:
