@@ -5,7 +5,7 @@ nothing of kiln). It names:
   - where BUILD files live,
   - the GPU architecture families a target may declare, and the compute capabilities in each,
   - the dispatch-axis value tables (dtype short name -> C++ type) shared by every op,
-  - the toolchains and their base flags,
+  - the toolchains and their base flags, and the triton spelling of the dtype axis values,
   - the architecture list that release packages are built for.
 """
 
@@ -83,7 +83,15 @@ TOOLCHAINS = {
         # shares the driver's primary context (and so pointers and streams) with the framework.
         "ldflags": ("-lcudart_static", "-ldl", "-lrt", "-lpthread"),
     },
+    "triton": {
+        "about": "the triton package (3.6) of this Python: @triton.jit kernels to one cubin per "
+                 "kernel and arch, launched through the CUDA driver (no flags: a kernel's "
+                 "options are its triton_kernel(num_warps=, num_stages=))",
+    },
 }
+
+# A dispatch-axis value's triton spelling, substituted into triton_kernel signatures ("*{dtype}").
+TRITON_TYPES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "e4m3": "fp8e4nv", "e5m2": "fp8e5"}
 
 # Release packages are built for exactly this list; `python -m release build --arch-list`
 # may name another.

@@ -45,7 +45,7 @@ def _specs(label: str, toolchain: str, ctx: ArchContext) -> list:
             continue
         for s in shipped:
             spec = compile_spec(s, toolchain, graph)
-            if toolchain == "cuda":
+            if toolchain in ("cuda", "triton"):
                 try:
                     ctx.restrict(spec.arch_families, spec.what)
                 except ArchError as e:
@@ -63,7 +63,7 @@ def cmd_build(args) -> int:
         raise CliError(f"a release is built with the default build settings; unset "
                        f"{', '.join(changed)}")
     arch_list = ""
-    if args.toolchain == "cuda":
+    if args.toolchain in ("cuda", "triton"):
         arch_list = format_arch_list(parse_arch_list(
             args.arch_list or load_graph().workspace["RELEASE_ARCH_LIST"]))
     # Exactly the release's arch list: never KILN_CUDA_ARCH_LIST or the local devices.
@@ -135,7 +135,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("label", nargs="?", default="//ops/...", help="targets: //ops:norm, //ops/...")
     p.add_argument("--arch-list", help="CUDA archs, e.g. '8.0 9.0a' (default: WORKSPACE.py's "
                                        "RELEASE_ARCH_LIST)")
-    p.add_argument("--toolchain", choices=("cuda", "host"), default="cuda")
+    p.add_argument("--toolchain", choices=("cuda", "host", "triton"), default="cuda")
     p.add_argument("--out", default="dist", help="where the wheel and artifacts/ go (dist)")
     p.add_argument("-j", "--jobs", type=jobs_arg, default=0,
                    help="parallel compile jobs (0: the estimate from cores and free memory)")

@@ -79,11 +79,40 @@ def _check_entries(m: Manifest, read, sass_dir: Path | None) -> list[str]:
             continue
         if len(data) != e.size or digest(data) != e.sha256:
             problems.append(f"{e.module}: {e.file} does not match its recorded size and SHA-256")
+        elif e.toolchain.get("name") == "triton":  # a bundle: each cubin against its digest
+            problems += _bundle_problems(e, data)
         elif sass_dir is not None and e.toolchain.get("name") == "cuda":
             lib = sass_dir / Path(e.file).name
             lib.write_bytes(data)
             problems += sass_problems(lib, e.archs)
     return problems
+
+
+def _bundle_problems(e, data: bytes) -> list[str]:
+    """What is wrong with a triton module's bundle: not one of `e.module`, or a cubin that does
+    not match the digest its launch metadata records, or an arch the entry claims and lacks."""
+    import json
+
+    from kiln.runtime.triton_module import BUNDLE_FORMAT
+
+    try:
+        d = json.loads(data)
+        library, cubins = d["library"], d["cubins"]
+        if d.get("format") != BUNDLE_FORMAT or library.get("module") != e.module:
+            return [f"{e.module}: {e.file} is not a triton bundle of {e.module}"]
+        problems = []
+        for entry, per_arch in sorted(library["kernels"].items()):
+            missing = sorted(set(e.archs) - set(per_arch))
+            if missing:
+                problems.append(f"{e.module}: kernel {entry} has no cubin for {', '.join(missing)}")
+            for arch, launch in sorted(per_arch.items()):
+                blob = bytes.fromhex(cubins[launch["cubin"]])
+                if len(blob) != launch["cubin_size"] or digest(blob) != launch["cubin_sha256"]:
+                    problems.append(f"{e.module}: {launch['cubin']} ({entry}, {arch}) does not match "
+                                    "its recorded size and SHA-256")
+        return problems
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        return [f"{e.module}: {e.file} is not a readable triton bundle ({err})"]
 
 
 def verify_directory(root: Path, sass: bool = False) -> tuple[Manifest, list[str]]:

@@ -9,7 +9,8 @@ for the device):
                          a block-scaled kernel); flashinfer (sm100/sm120 only: unavailable on 9.0)
   segment_gemm           a torch.matmul loop over the segments; torch._grouped_mm; FlashInfer's
                          SegmentGEMMWrapper
-  grouped_mm             torch._grouped_mm; a torch.matmul loop over the groups
+  grouped_mm             kiln's triton backend (kiln_triton); torch._grouped_mm; a torch.matmul loop
+                         over the groups
 
 Work counted: 2 m n k per product (FLOPs); bytes: every input and output once. Outputs given to
 `out=` start as NaN, so an element a backend never writes fails the reference check.
@@ -313,6 +314,23 @@ def kiln_grouped_mm(inp, ctx):
     return lambda: kiln.grouped_mm(a, b, offs, out=out)
 
 
+def kiln_triton_grouped_mm(inp, ctx):
+    """backend="triton": kiln's Triton kernel (ops/gemm/grouped_triton.py) through the driver."""
+    a, b, offs = inp["a"], inp["b"], inp["offs"]
+    out = _nan_out((a.shape[0], b.shape[2]), a.dtype, a.device)
+    return lambda: kiln.grouped_mm(a, b, offs, out=out, backend="triton")
+
+
+def _triton_available(device, dtype):
+    import importlib.util
+
+    if device.type != "cuda":
+        return "the triton backend runs on CUDA tensors"
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (pip install triton==3.6.0)"
+    return None
+
+
 def torch_grouped_mm(inp, ctx):
     a, b, offs = inp["a"], inp["b"], inp["offs"]
     return lambda: torch._grouped_mm(a, b, offs=offs)
@@ -326,6 +344,7 @@ GROUPED_MM = Routine(
     api=kiln.grouped_mm,
     backends=(
         Backend("kiln", kiln_grouped_mm, version=kiln_version),
+        Backend("kiln_triton", kiln_triton_grouped_mm, available=_triton_available, version=kiln_version),
         Backend("torch_grouped_mm", torch_grouped_mm, available=_grouped_mm_available, version=torch_version),
         Backend("torch_loop", torch_grouped_loop, version=torch_version),
     ),

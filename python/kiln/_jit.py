@@ -132,6 +132,33 @@ def _load(label: str, params: tuple[tuple[str, str], ...], device: torch.device)
     return module
 
 
+def triton_module(label: str, device: torch.device, api: str, *, names: dict | None = None, **axes):
+    """The triton toolchain's module of `label` (runtime/triton_module.py: its cubins, launched
+    through the CUDA driver) for these dispatch values on CUDA `device`; cached like `module`."""
+    fast = (label, device, "triton", *axes.items())
+    found = _by_value.get(fast)
+    if found is not None:
+        if module_observer is not None:
+            module_observer(label, None, device, found)
+        return found
+    if device.type != "cuda":
+        raise ValueError(f"{api}: the triton backend runs on CUDA tensors, got {device} tensors")
+    params = axis_params(label, api, axes, names)
+    key = (label, params, device, "triton")
+    found = _cache.get(key)
+    if found is None:
+        with _lock:
+            found = _cache.get(key)
+            if found is None:
+                utils.require_arch_supported(label, device)
+                spec = module_spec(label, dict(params), "triton")
+                found = _cache[key] = jit.load(spec, arch_context(label, device))
+    _by_value[fast] = found
+    if module_observer is not None:
+        module_observer(label, params, device, found)
+    return found
+
+
 def dl(t: torch.Tensor):
     """A DLPack capsule borrowing `t` (no copy, no stream synchronisation)."""
     return torch._C._to_dlpack(t)

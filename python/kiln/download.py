@@ -26,8 +26,9 @@ HELP = "prefetch precompiled modules from the artifact repository for offline us
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch-list", help="the release's CUDA arch list, e.g. '8.0 9.0a'")
-    p.add_argument("--toolchain", choices=("cuda", "host"),
-                   help="cuda (default with --arch-list) or host (the CPU backend)")
+    p.add_argument("--toolchain", choices=("cuda", "host", "triton"),
+                   help="cuda (default with --arch-list), host (the CPU backend) or triton (the "
+                        "triton modules of that arch list)")
     p.add_argument("--repository", help="repository URL (default: KILN_ARTIFACT_REPOSITORY)")
     p.add_argument("--dest", help="write <version>/<tag>/<abi>/ below this directory instead of "
                                   "the download cache")
@@ -43,9 +44,9 @@ def run(args: argparse.Namespace) -> int:
         if toolchain is None:
             raise ArtifactError("name the release: --arch-list '8.0 9.0a' for CUDA modules, or "
                                 "--toolchain host for the CPU backend")
-        if toolchain == "cuda" and not args.arch_list:
-            raise ArtifactError("--toolchain cuda needs --arch-list (the release's arch list)")
-        archs = parse_arch_list(args.arch_list) if toolchain == "cuda" else ()
+        if toolchain in ("cuda", "triton") and not args.arch_list:
+            raise ArtifactError(f"--toolchain {toolchain} needs --arch-list (the release's arch list)")
+        archs = parse_arch_list(args.arch_list) if toolchain in ("cuda", "triton") else ()
         rid = ReleaseId(sources.kiln_version(), tag_for(toolchain, archs),
                         args.python_abi or sources.python_abi())
         repository = args.repository or env.get("KILN_ARTIFACT_REPOSITORY")

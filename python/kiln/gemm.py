@@ -7,7 +7,8 @@
                           scale_granularity_mnk=(1, 128, 128), out=None, out_dtype=torch.bfloat16)
     SegmentGEMMWrapper(float_workspace_buffer).run(x, weights, batch_size, weight_column_major,
                           out=None, seg_lens=None, seg_indptr=None, weight_indices=None)
-    grouped_mm(a, b, offs, bias=None, out_dtype=None, out=None)           torch._grouped_mm, 2-D x 3-D
+    grouped_mm(a, b, offs, bias=None, out_dtype=None, out=None, backend="auto")
+                                                                          torch._grouped_mm, 2-D x 3-D
 
 Every M, N, K works (odd sizes, unaligned views: the fallback kernel); accumulation is float32.
 docs/gemm.md has the shapes, layouts, what each refuses and why, the kernels and the autotuner.
@@ -17,11 +18,18 @@ implementation, so torch.compile(fullgraph=True) traces through and CUDA graphs 
 eager mode the launcher is called directly. The tactic (kernel and tile) of each call comes from
 kiln.autotune when it tuned one, else from the default heuristic (ops/gemm/gemm_tactics.cc);
 blocklisted tactics never run (kiln/autotuner.py). CPU tensors run the host backend.
+
+grouped_mm also has a Triton kernel (ops/gemm/grouped_triton.py, the triton toolchain, launched
+through the CUDA driver: kiln::grouped_gemm_triton), chosen with backend="triton"; backend="auto"
+keeps the CUDA backend until measurements say otherwise (docs/perf/gemm-triton.md).
 """
 
 from __future__ import annotations
 
 import torch
+
+from kiln.runtime import env
+from kiln.runtime.triton_module import NoCudaContext
 
 from . import _jit, autotuner, errors
 from ._ops import custom_op
@@ -562,6 +570,120 @@ class SegmentGEMMWrapper:
         return out
 
 
+GROUPED_BACKENDS = ("auto", "cuda", "triton")
+_INT32_MAX = 2**31 - 1
+
+
+class _TritonTactics:
+    """The triton grouped module as kiln uses it. Its kernels (ops/gemm/BUILD.py): the fallback
+    for any strides (grouped_mm_kernel, and grouped_mm_f32_kernel for float32 out) and the fast
+    ones compiled for unit strides and 16-aligned pointers and sizes, b column-major (kmajor) or
+    row-major (nmajor). The kmajor configs are the autotuner's tactics (kiln/autotuner.py, op
+    "grouped_triton": tuning, persistence and the blocklist as for the CUDA kernels); the
+    globaltimer timer borrows the CUDA grouped module's timestamp kernel."""
+
+    def __init__(self, mod, device: torch.device, dtype: torch.dtype):
+        self.mod, self.device, self.dtype = mod, device, dtype
+        names = [e for e in mod.entries if e.startswith("grouped_mm_kmajor")]
+        self.tactic_names = tuple(sorted(names, key=lambda e: (e != "grouped_mm_kmajor", e)))
+        self.kernels = [mod.kernel(e) for e in self.tactic_names]
+        self.nmajor = mod.kernel("grouped_mm_nmajor")
+        self.generic = mod.kernel("grouped_mm_kernel")
+        self.f32 = mod.kernel("grouped_mm_f32_kernel")
+
+    def timestamp(self, **kwargs):
+        return _jit.module(GROUPED, self.device, "kiln.autotune", dtype=self.dtype).timestamp(**kwargs)
+
+
+_triton_tactics: dict[int, _TritonTactics] = {}
+
+
+def _fast_layout(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> str | None:
+    """"kmajor" / "nmajor" when the call meets what the fast kernels were compiled assuming
+    (unit strides along k for a, along n for out; 16-byte aligned pointers; row strides, k or n
+    multiples of 16), else None (the fallback kernel)."""
+    if a.stride(1) != 1 or out.stride(1) != 1 or out.dtype != a.dtype:
+        return None
+    if any(t.data_ptr() % 16 for t in (a, b, out)):
+        return None
+    if a.stride(0) % 16 or out.stride(0) % 16 or b.stride(0) % 16:
+        return None
+    if b.stride(1) == 1 and b.stride(2) % 16 == 0 and a.shape[1] % 16 == 0:
+        return "kmajor"
+    if b.stride(2) == 1 and b.stride(1) % 16 == 0 and b.shape[2] % 16 == 0:
+        return "nmajor"
+    return None
+
+
+def _launch_triton(kernel, out, a, b, offs) -> None:
+    rows, n, k, groups = a.shape[0], b.shape[2], a.shape[1], b.shape[0]
+    block_m, block_n = kernel.constexprs["BLOCK_M"], kernel.constexprs["BLOCK_N"]
+    grid = (-(-rows // block_m) + groups, -(-n // block_n))
+    values = {
+        "a": a.data_ptr(), "b": b.data_ptr(), "out": out.data_ptr(), "offs": offs.data_ptr(), "rows": rows,
+        "n": n, "k": k, "groups": groups, "stride_am": a.stride(0), "stride_ak": a.stride(1),
+        "stride_bg": b.stride(0), "stride_bk": b.stride(1), "stride_bn": b.stride(2),
+        "stride_om": out.stride(0), "stride_on": out.stride(1),
+    }
+    args = [values[p] for p in kernel.params]  # a fast kernel has fewer (its unit strides are constexprs)
+    device = a.device
+    stream = _jit.stream_of(device)
+    if device.index is None or device.index == torch.cuda.current_device():
+        try:
+            kernel(grid, *args, stream=stream)
+            return
+        except NoCudaContext:  # a thread that never touched the GPU: make its context current
+            pass
+    with torch.cuda.device(device):  # cudaSetDevice makes a's device's primary context current
+        kernel(grid, *args, stream=stream)
+
+
+@custom_op("grouped_gemm_triton", mutates=("out",))
+def _grouped_triton_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> None:
+    """grouped_mm on the triton backend: one launch of the fast kernel for the call's layout (for
+    kmajor the tuned config, else the default) or of the fallback, with the grid of
+    ops/gemm/grouped_triton.py; offs is int32 on a's device."""
+    device = a.device
+    mod = _jit.triton_module(GROUPED, device, "kiln.grouped_mm", dtype=a.dtype, names={"dtype": "a.dtype"})
+    if a.shape[0] == 0 or b.shape[2] == 0:
+        return
+    tactics = _triton_tactics.get(id(mod))
+    if tactics is None:
+        tactics = _triton_tactics.setdefault(id(mod), _TritonTactics(mod, device, a.dtype))
+    layout = _fast_layout(out, a, b)
+    if layout != "kmajor":
+        fallback = tactics.f32 if out.dtype == torch.float32 else tactics.generic
+        _launch_triton(tactics.nmajor if layout == "nmajor" else fallback, out, a, b, offs)
+        return
+
+    def run(t: int, strict: bool, blocked: int) -> int:
+        if t < 0 or (blocked >> t) & 1:
+            t = next((i for i in range(len(tactics.kernels)) if not (blocked >> i) & 1), 0)
+        _launch_triton(tactics.kernels[t], out, a, b, offs)
+        return t
+
+    def shape() -> str:
+        return (f"rows{autotuner.bucket(a.shape[0])} groups{b.shape[0]} n{b.shape[2]} k{a.shape[1]} "
+                f"{_SHORT[a.dtype]} w:kmajor out:{_SHORT[out.dtype]}")
+
+    every = list(range(len(tactics.kernels)))
+    autotuner.launch(tactics, "grouped_triton", shape, device, run, lambda: (0, every))
+
+
+def _check_offs_now(api: str, offs: torch.Tensor, rows: int) -> None:
+    """KILN_VALIDATE_INDICES=1 on the triton backend: offs checked on the host (a sync). Without
+    it the kernel clamps each end into [previous end, rows], so it never leaves a and out."""
+    ends = offs.tolist()
+    prev = 0
+    for g, e in enumerate(ends):
+        if e < prev or e > rows:
+            raise IndexError(
+                f"{api}: offs[{g}] = {e} is out of range: offs must be non-decreasing ends in "
+                f"[0, rows = {rows}] (offs[{g - 1 if g else 0}] = {prev if g else 0})"
+            )
+        prev = e
+
+
 @logged_api(mutates=("out",))
 @traced(gemm_traces.GROUPED_MM)
 def grouped_mm(
@@ -571,6 +693,7 @@ def grouped_mm(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     out: torch.Tensor | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """torch._grouped_mm's MoE form, 2-D a x 3-D b: group g is rows ``[offs[g-1], offs[g])`` of a
     (``offs[-1]`` = 0), and ``out[rows of g] = a[rows of g] @ b[g]``; float32 accumulation.
@@ -584,8 +707,16 @@ def grouped_mm(
         out_dtype: a's dtype (default) or torch.float32.
         out: optional ``[rows, n]`` output; rows past offs[-1] are not written (a new out leaves
             them unset, as torch does).
+        backend: "auto" (the CUDA backend on CUDA tensors), "cuda", or "triton" (the Triton kernel
+            of ops/gemm/grouped_triton.py, compiled by kiln's triton toolchain). CPU tensors run
+            the host backend whatever the backend ("triton" included: its host fallback). The
+            triton backend checks offs only under KILN_VALIDATE_INDICES=1 and otherwise clamps
+            each end into [previous end, rows] (never out of bounds); the CUDA backend reports a
+            bad offs as an index error (docs/gemm.md).
     """
     api = "kiln.grouped_mm"
+    if backend not in GROUPED_BACKENDS:
+        raise ValueError(f"{api}: backend must be one of {', '.join(GROUPED_BACKENDS)}, got {backend!r}")
     _tensor(api, "a", a)
     _tensor(api, "b", b)
     if a.dim() != 2 or b.dim() != 3:
@@ -608,5 +739,15 @@ def grouped_mm(
         )
     dtype = _dense_out_dtype(api, a, out, out_dtype)
     out = _out(api, out, (a.shape[0], b.shape[2]), dtype, a)
+    if backend == "triton" and a.device.type == "cuda":
+        for name, size in (("a.shape[0]", a.shape[0]), ("a.shape[1]", a.shape[1]), ("b.shape[2]", b.shape[2]),
+                           ("b.shape[0]", b.shape[0])):
+            if size > _INT32_MAX:
+                raise ValueError(f"{api}: backend='triton' needs {name} <= {_INT32_MAX}, got {size}")
+        offs32 = bounds if bounds.dtype == torch.int32 else bounds.clamp(-1, _INT32_MAX).to(torch.int32)
+        if env.get("KILN_VALIDATE_INDICES"):
+            _check_offs_now(api, bounds, a.shape[0])
+        _grouped_triton_op(out, a, b, offs32)
+        return out
     _grouped_op(out, a, b, bounds, True, None)
     return out

@@ -50,7 +50,7 @@ def require_arch_supported(label: str, device: torch.device) -> None:
 
 
 def backends(label: str) -> tuple[str, ...]:
-    """The backends a target is built for: 'cuda' and/or 'host'."""
+    """The backends a target is built for: 'cuda', 'host' and/or 'triton'."""
     return load_graph().target(label).toolchains
 
 
@@ -80,7 +80,7 @@ def precompiled_available(label: str, backend: str, **axes) -> bool:
         wanted = [specialisation(target, dict(_jit.axis_params(label, "precompiled_available", axes)))]
     else:
         wanted = released(target)
-    ctx = _jit.arch_context(label, torch.device("cuda")) if backend == "cuda" else None
+    ctx = _jit.arch_context(label, torch.device("cuda")) if backend in ("cuda", "triton") else None
     for spec in wanted:
         plan = build.plan(compile_spec(spec, backend, graph), ctx)
         if precompiled.find(plan, download=False)[0] is not None:
@@ -93,6 +93,10 @@ def backend_available(label: str, backend: str, **axes) -> bool:
     precompiled module (of the specialisation `axes` names, else of any that ships)?"""
     if backend not in backends(label):
         return False
+    if backend == "triton":  # CUDA kernels too, compiled by the triton package
+        if not (cuda_available() and is_arch_supported(label)):
+            return False
+        return toolchain.available("triton") or precompiled_available(label, "triton", **axes)
     if backend == "cuda":
         if not (cuda_available() and is_arch_supported(label)):
             return False

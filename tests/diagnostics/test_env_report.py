@@ -21,7 +21,7 @@ def test_the_report_names_versions_toolchains_archs_workspaces_and_settings(kiln
     kiln_env.set("KILN_JIT_VERBOSE", "0")  # set, but to the default
     assert main(["env"]) == 0
     out = capsys.readouterr().out
-    for label in ("kiln", "Python", "torch", "CUDA driver", "nvcc", "host compiler", "GPUs",
+    for label in ("kiln", "Python", "torch", "CUDA driver", "nvcc", "host compiler", "triton", "GPUs",
                   "arch list in force", "workspace", "generated", "artifacts", "API logging"):
         assert re.search(rf"^\s*{label}\s", out, re.M), label
     assert f"kiln                 {kiln.__version__}" in out

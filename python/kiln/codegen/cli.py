@@ -85,7 +85,7 @@ def _arch_notes(args, toolchain: str, ctx: ArchContext, specs: list[CompileSpec]
         return
     seen = set()
     for spec in specs:
-        if spec.label in seen or spec.toolchain != "cuda":
+        if spec.label in seen or spec.toolchain not in ("cuda", "triton"):
             continue
         seen.add(spec.label)
         try:
@@ -116,6 +116,10 @@ def cmd_query(args) -> int:
         print(f"  build file     {t.build_file.relative_to(graph.root)}")
         print(f"  toolchains     {', '.join(t.toolchains)}")
         print(f"  arch families  {fams}")
+        for k in t.triton_kernels:
+            consts = ", ".join(f"{a}={v}" for a, v in k.constexprs)
+            print(f"  triton kernel  {k.name or k.entry} ({t.package}/{k.unit}: {k.entry}; {consts}; "
+                  f"{k.num_warps} warps, {k.num_stages} stages)")
         for axis, values in t.dispatch:
             print(f"  axis {axis:<10}{', '.join(values)}")
         for ex in t.exclude:
@@ -199,6 +203,10 @@ def cmd_explain(args) -> int:
             print(f"  {line}")
         if p.toolchain_problem:
             print(f"compile commands: none, the toolchain is unavailable: {p.toolchain_problem}")
+        elif p.spec.toolchain == "triton":
+            print("compile commands:")
+            for c in rt_build.triton_commands(p):
+                print(f"  {c}")
         else:
             with tempfile.TemporaryDirectory() as tmp:
                 rt_build.write_manifest(p, Path(tmp))
@@ -356,7 +364,7 @@ def parser() -> argparse.ArgumentParser:
                        help="a label or pattern: //ops:norm, //ops/..., norm")
         p.add_argument("--set", action="append", metavar="AXIS=VALUE",
                        help="restrict a dispatch axis (repeatable; comma-separated values)")
-        p.add_argument("--toolchain", choices=("cuda", "host"))
+        p.add_argument("--toolchain", choices=("cuda", "host", "triton"))
 
     p = sub.add_parser("query", help="targets, toolchains, arch families, axes, specialisations")
     p.add_argument("label", nargs="?", default="//ops/...")

@@ -20,7 +20,16 @@ from pathlib import Path
 
 from kiln.runtime import sources
 
-from .rules import BuildFileError, Group, Target, make_group, make_target, no_release, unsupported
+from .rules import (
+    BuildFileError,
+    Group,
+    Target,
+    make_group,
+    make_target,
+    no_release,
+    triton_kernel,
+    unsupported,
+)
 
 
 class LabelError(LookupError):
@@ -136,6 +145,7 @@ def _load_graph(root: Path) -> Graph:
 
             _exec_file(build_file, {"op_library": op_library, "op_group": op_group,
                                     "unsupported": unsupported, "no_release": no_release,
+                                    "triton_kernel": triton_kernel,
                                     "__file__": str(build_file)})
     seen: dict[str, Path] = {}
     for t in (*targets, *groups):

@@ -22,6 +22,7 @@ from kiln.runtime import build as rt_build
 from kiln.runtime import jit, metadata, sources
 from kiln.runtime.arch import ArchContext
 from kiln.runtime.spec import CompileSpec
+from kiln.runtime.triton_module import TritonLoadError, TritonModule
 from kiln.runtime.workspace import Workspace
 
 from .dispatch import expand
@@ -74,6 +75,19 @@ def _library(key_dir: Path, md: metadata.Metadata) -> dict:
             "bytes": lib.stat().st_size if lib.is_file() else None, "sha256": md.library_sha256}
 
 
+def _triton(key_dir: Path, md: metadata.Metadata) -> dict:
+    """A triton module's kernel sources (portable name: SHA-256), the Python files they import,
+    the triton version, and each cubin's resources (kernel name, shared memory, warps, stages)."""
+    out = {"version": md.toolchain.get("triton", {}).get("version"),
+           "sources": md.key_parts.get("inputs", {}),
+           "imports": {d.path: d.sha256 for d in md.deps}}
+    try:
+        out["cubins"] = TritonModule.from_slot(md.module, key_dir, md.library).resources()
+    except (OSError, ValueError, KeyError, TritonLoadError) as e:
+        out["cubins_error"] = str(e)
+    return out
+
+
 def _build(key_dir: Path, plan: rt_build.BuildPlan | None) -> dict:
     current = plan is not None and key_dir == plan.key_dir
     out: dict = {"key_dir": str(key_dir), "current": current}
@@ -90,6 +104,8 @@ def _build(key_dir: Path, plan: rt_build.BuildPlan | None) -> dict:
         return out
     out["metadata"] = md.to_json()
     out["library"] = _library(key_dir, md)
+    if metadata.is_triton(md):
+        out["triton"] = _triton(key_dir, md)
     if current:
         reason = jit.check(plan)[1]
         out["status"] = "usable: the JIT loads this one" if reason is None else f"not usable: {reason}"
@@ -123,7 +139,7 @@ def inspect_spec(spec: CompileSpec, ctx: ArchContext, full: bool = False) -> dic
     module_dir = ws.module_dir(spec.name)
     key_dirs = sorted(d for d in module_dir.iterdir() if d.is_dir()) if module_dir.is_dir() else []
     out["builds"] = [_build(d, plan) for d in key_dirs]
-    if plan is not None and not any(b["current"] for b in out["builds"]):
+    if plan is not None and spec.toolchain != "triton" and not any(b["current"] for b in out["builds"]):
         with tempfile.TemporaryDirectory() as tmp:  # what a build would write; nothing is kept
             path = rt_build.write_manifest(plan, Path(tmp))
             out["plan"]["manifest_would_be"] = path.read_text()
@@ -192,6 +208,18 @@ def format_text(r: dict, full: bool = False) -> str:
                          + ("" if full else " (--full lists them)"))
             if full:
                 lines += [f"      {d[0]}" for d in deps]  # [path, size, mtime_ns, sha256]
+        if "triton" in b:
+            t = b["triton"]
+            lines.append(f"  triton {t['version']}; kernel sources:")
+            lines += [f"      {name}  sha256 {sha[:16]}" for name, sha in sorted(t["sources"].items())]
+            if t["imports"]:
+                lines.append("    imported by them:")
+                lines += [f"      {path}  sha256 {sha[:16]}" for path, sha in sorted(t["imports"].items())]
+            lines.append("  cubins:" if "cubins" in t else f"  cubins: not readable: {t['cubins_error']}")
+            for c in t.get("cubins", []):
+                lines.append(f"      {c['name']:<36} sm {c['arch']:<5} shared {c['shared_bytes']:>6} B  "
+                             f"warps {c['num_warps']}  stages {c['num_stages']}  "
+                             f"{_size(c['cubin_bytes'])}  sha256 {c['cubin_sha256'][:16]}")
         if "manifest" in b:
             lines.append(f"  build manifest   {b['manifest']['path']}")
             lines += _indent(b["manifest"]["text"])

@@ -9,6 +9,11 @@
         exclude=[unsupported({"dtype": "f32"}, "why")],  # combinations refused with a reason
         archs=["sm80", "sm90", "sm100", "sm120"],        # WORKSPACE families; "sm90a" = needs 9.0a
         templates=["decode_config.h.jinja"],             # Jinja files rendered per specialisation
+        triton_srcs=["grouped_triton.py"],  # triton toolchain: Python files of @triton.jit kernels
+        triton_kernels=[triton_kernel(      # ... and the entry points compiled from them
+            "grouped_mm_kernel", unit="grouped_triton.py",
+            signature={"a": "*{dtype}", "m": "i32", "BLOCK_M": "constexpr"},  # {axis}: its
+            constexprs={"BLOCK_M": 64}, num_warps=4, num_stages=3)],  # triton spelling (WORKSPACE)
         cflags=[], cuda_flags=[], ldflags=[],
         release="all",                    # which specialisations ship precompiled: "all",
                                           # {"dtype": ["bf16"]} (a selection), or
@@ -53,6 +58,33 @@ def unsupported(match: dict, reason: str) -> Unsupported:
 
 
 @dataclass(frozen=True)
+class TritonKernelDecl:
+    """`triton_kernel(...)` in a BUILD file: one entry point of the target's triton module.
+    Strings in the signature and constexprs may name dispatch axes ("*{dtype}", "{block}"): each
+    specialisation substitutes its values (codegen/specs.py)."""
+
+    entry: str
+    unit: str
+    signature: tuple[tuple[str, str], ...]
+    constexprs: tuple[tuple[str, object], ...]
+    num_warps: int
+    num_stages: int
+    name: str = ""  # the compiled kernel's name (default: entry); configs of one entry differ
+
+
+def triton_kernel(entry: str, *, unit: str, signature: dict, constexprs: dict | None = None,
+                  num_warps: int = 4, num_stages: int = 3, name: str = "") -> TritonKernelDecl:
+    if not isinstance(entry, str) or not re.match(r"^[A-Za-z_]\w*$", entry):
+        raise BuildFileError(f"triton_kernel({entry!r}): the entry point must be an identifier")
+    if not isinstance(signature, dict) or not signature:
+        raise BuildFileError(f"triton_kernel({entry!r}): signature= takes {{argument: type}}")
+    if name and not re.match(r"^[A-Za-z_]\w*$", name):
+        raise BuildFileError(f"triton_kernel({entry!r}, name={name!r}): the name must be an identifier")
+    return TritonKernelDecl(entry, unit, tuple((str(a), str(t)) for a, t in signature.items()),
+                            tuple((constexprs or {}).items()), int(num_warps), int(num_stages), name)
+
+
+@dataclass(frozen=True)
 class NoRelease:
     """`release=no_release("why")`: the target ships no precompiled module, deliberately."""
 
@@ -91,6 +123,8 @@ class Target:
     include_dirs: tuple[str, ...]
     doc: str = ""
     toolchains: tuple[str, ...] = field(default=())
+    triton_srcs: tuple[str, ...] = ()
+    triton_kernels: tuple[TritonKernelDecl, ...] = ()
     # The specialisations precompiled packages ship: None = not declared, () = all, a NoRelease
     # = none on purpose, otherwise the selection per axis (axes not named: every value).
     release: tuple[tuple[str, tuple[str, ...]], ...] | NoRelease | None = None
@@ -155,7 +189,8 @@ def _release(where: str, release, axes: dict[str, tuple[str, ...]]):
 def make_target(build_file: Path, root: str, package: str, *, name: str, binding: str, srcs=(),
                 host_srcs=(),
                 dispatch=None, exclude=(), archs=(), templates=(), cflags=(), cuda_flags=(),
-                ldflags=(), include_dirs=(), release=None, doc: str = "") -> Target:
+                ldflags=(), include_dirs=(), release=None, doc: str = "", triton_srcs=(),
+                triton_kernels=()) -> Target:
     where = f"{build_file}: op_library(name={name!r})"
     if not _NAME.match(name):
         raise BuildFileError(f"{where}: name must match {_NAME.pattern}")
@@ -171,11 +206,21 @@ def make_target(build_file: Path, root: str, package: str, *, name: str, binding
                 f"{list(values)}"
             )
         axes.append((axis, vals))
-    toolchains = tuple(t for t, units in (("cuda", srcs), ("host", host_srcs)) if units)
+    toolchains = tuple(t for t, units in (("cuda", srcs), ("host", host_srcs),
+                                          ("triton", triton_srcs)) if units)
     if not toolchains:
         raise BuildFileError(f"{where}: needs srcs (CUDA) or host_srcs (CPU backend), or both")
-    if srcs and not archs:
-        raise BuildFileError(f"{where}: a target with CUDA srcs must declare archs=[families]")
+    if (srcs or triton_srcs) and not archs:
+        raise BuildFileError(f"{where}: a target with CUDA or triton srcs must declare "
+                             "archs=[families]")
+    if bool(triton_srcs) != bool(triton_kernels):
+        raise BuildFileError(f"{where}: triton_srcs= and triton_kernels= go together")
+    for k in triton_kernels:
+        if not isinstance(k, TritonKernelDecl):
+            raise BuildFileError(f"{where}: triton_kernels= takes triton_kernel(...) entries")
+        if k.unit not in triton_srcs:
+            raise BuildFileError(f"{where}: triton_kernel({k.entry!r}) names unit {k.unit!r}, "
+                                 f"not one of triton_srcs {list(triton_srcs)}")
     for ex in exclude:
         if not isinstance(ex, Unsupported):
             raise BuildFileError(f"{where}: exclude= takes unsupported(...) entries")
@@ -190,6 +235,7 @@ def make_target(build_file: Path, root: str, package: str, *, name: str, binding
         binding=binding, dispatch=tuple(axes), exclude=tuple(exclude), archs=tuple(archs),
         templates=tuple(templates), cflags=tuple(cflags), cuda_flags=tuple(cuda_flags),
         ldflags=tuple(ldflags), include_dirs=tuple(include_dirs), doc=doc, toolchains=toolchains,
+        triton_srcs=tuple(triton_srcs), triton_kernels=tuple(triton_kernels),
     )
 
 

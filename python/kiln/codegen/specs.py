@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kiln.runtime import env
 from kiln.runtime.arch import ArchFamily
-from kiln.runtime.spec import CompileSpec, Unit
+from kiln.runtime.spec import CompileSpec, TritonKernel, Unit
 
 from . import render
 from .dispatch import Specialisation, specialisation
@@ -58,6 +58,40 @@ def unit_files(graph: Graph, target: Target, toolchain: str) -> list[Path]:
     return files
 
 
+def _substitute(value, params: dict[str, str], types: dict[str, str]):
+    """A BUILD file's triton_kernel value at one specialisation: "{axis}" becomes the axis value
+    (in the signature: its triton type, WORKSPACE.py TRITON_TYPES); a number stays a number."""
+    if not isinstance(value, str):
+        return value
+    out = value.format(**params)
+    return int(out) if out.isdigit() else out
+
+
+def triton_spec(spec: Specialisation, graph: Graph) -> CompileSpec:
+    """The triton toolchain's spec: the target's triton_srcs read in place (nothing is rendered),
+    its entry points at this specialisation, and its arch families."""
+    target = spec.target
+    types = graph.workspace["TRITON_TYPES"]
+    params = dict(spec.params)
+    typed = {a: types.get(v, v) for a, v in params.items()}
+    files = [target.package_dir / f for f in target.triton_srcs]
+    for f in files:
+        if f.suffix != ".py" or not f.is_file():
+            raise FileNotFoundError(f"{target.label}: triton source {f} is not a .py file")
+    kernels = tuple(
+        TritonKernel(k.entry, k.unit,
+                     tuple((a, _substitute(t, typed, types)) for a, t in k.signature),
+                     tuple((a, _substitute(v, params, types)) for a, v in k.constexprs),
+                     k.num_warps, k.num_stages, k.name)
+        for k in target.triton_kernels)
+    return CompileSpec(
+        name=spec.module_name("triton"), uri=spec.uri, toolchain="triton",
+        units=tuple(Unit(f.name, "triton") for f in files),
+        inputs=tuple(files), params=spec.params,
+        arch_families=arch_families(graph, target), label=target.label, kernels=kernels,
+    )
+
+
 def compile_spec(spec: Specialisation, toolchain: str, graph: Graph | None = None) -> CompileSpec:
     graph = graph or load_graph()
     target = spec.target
@@ -66,6 +100,8 @@ def compile_spec(spec: Specialisation, toolchain: str, graph: Graph | None = Non
             f"{target.label} has no {toolchain} implementation; it builds with "
             f"{', '.join(target.toolchains)}"
         )
+    if toolchain == "triton":
+        return triton_spec(spec, graph)
     tc = graph.workspace["TOOLCHAINS"][toolchain]
     debug = env.get("KILN_JIT_DEBUG")
     # AddressSanitizer: WORKSPACE.py declares asan_flags for the host toolchain only, so a CUDA

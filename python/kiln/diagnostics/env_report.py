@@ -102,6 +102,7 @@ def collect() -> dict:
         "cuda_driver": _probe(arch.driver_version),
         "nvcc": _probe(lambda: toolchain.nvcc().identity()),
         "host_compiler": _probe(lambda: toolchain.host_compiler().identity()),
+        "triton": _probe(lambda: toolchain.triton().identity()),
         "gpus": _probe(lambda: [{"index": d.index, "name": d.name, "arch": str(d.arch)}
                                 for d in arch.detect_devices()]),
         "arch_list": _probe(_arch_list),
@@ -135,6 +136,8 @@ def format_text(r: dict) -> str:
         _line("nvcc", r["nvcc"], lambda n: f"{n['path']}: {n['version']} (kiln's CUDA modules link "
               "this toolkit's runtime statically)"),
         _line("host compiler", r["host_compiler"], lambda c: f"{c['path']}: {c['version']}"),
+        _line("triton", r["triton"], lambda t: f"{t['version']}  {t['path']} (compiles the triton "
+              "toolchain's modules; not needed to load them)"),
         _line("GPUs", r["gpus"], lambda g: "; ".join(f"{d['index']}: {d['name']} (arch {d['arch']})"
                                                     for d in g) or "none detected"),
         _line("arch list in force", r["arch_list"],

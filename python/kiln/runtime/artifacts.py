@@ -58,7 +58,7 @@ class ReleaseId:
         if self.tag == "host":
             return ()
         try:
-            return parse_arch_list_tag(self.tag)
+            return parse_arch_list_tag(self.tag.removeprefix(TRITON_TAG_PREFIX))
         except ArchError:
             return None
 
@@ -77,7 +77,12 @@ class ReleaseId:
         return cls(*parts)
 
 
+TRITON_TAG_PREFIX = "triton-"  # a triton release: "triton-sm80-sm90a" (cubins, no libraries)
+
+
 def tag_for(toolchain: str, archs) -> str:
+    if toolchain == "triton":
+        return TRITON_TAG_PREFIX + arch_list_tag(archs)
     return "host" if toolchain == "host" else arch_list_tag(archs)
 
 

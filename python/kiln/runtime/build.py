@@ -5,36 +5,44 @@ nothing. It needs no compiler: when one is missing, the plan still has its porta
 finds precompiled modules) and records the problem, and only checking the disk cache or compiling
 fails on it. `compile_plan` renders the sources into the generated workspace, writes the manifest,
 runs ninja and publishes the library atomically: the library under a new name (temp + rename),
-then metadata.json as the commit marker.
+then metadata.json as the commit marker. A triton module (runtime/triton_build.py) is planned and
+published the same way; only its compile step differs (triton in a child process instead of
+ninja) and what it publishes (one cubin per kernel and arch, and their launch metadata as its
+"library").
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cache, env, metadata, ninja, resources, sources
+from . import cache, env, metadata, ninja, resources, sources, triton_build
 from .arch import Arch, ArchContext
 from .files import write_atomic, write_if_different
-from .key import KEY_FORMAT, action_key, collect_deps, file_digest, spec_key
+from .key import KEY_FORMAT, Dep, action_key, collect_deps, file_digest, spec_key
 from .log import logger
 from .spec import CompileSpec
-from .toolchain import Compiler, ToolchainError, cuda_home, cuda_lib_dir, host_compiler, nvcc
+from .toolchain import Compiler, ToolchainError, cuda_home, cuda_lib_dir, host_compiler, nvcc, triton
 from .workspace import Workspace
 
 
 class CompileError(RuntimeError):
     """A module failed to compile. The message holds the compiler's own output and the command."""
 
-    def __init__(self, module: str, output: str, build_dir: Path, label: str = ""):
+    def __init__(self, module: str, output: str, build_dir: Path, label: str = "",
+                 tool: str = "ninja"):
         self.module = module
         self.output = output
         self.build_dir = build_dir
         tail = output if len(output) < 20000 else "...\n" + output[-20000:]
+        where = ("the FAILED line above is the command that failed" if tool == "ninja" else
+                 "the command above ran triton's compiler on the request.json beside it")
         super().__init__(
             f"kiln: compiling {module} failed.\n{tail.rstrip()}\n"
-            f"(ninja, in {build_dir}: the FAILED line above is the command that failed; "
+            f"({tool}, in {build_dir}: {where}; "
             f"KILN_JIT_VERBOSE=1 streams the compiler output; "
             f"'python -m kiln.codegen explain {label or '<label>'}' prints every command and the "
             f"key)"
@@ -118,6 +126,8 @@ def generated_dir(spec: CompileSpec, workspace: Workspace | None = None) -> Path
 def _tools(spec: CompileSpec) -> tuple[Compiler, Compiler | None, str | None]:
     """The host compiler, nvcc and the CUDA library directory a spec needs; ToolchainError when
     one is missing."""
+    if spec.toolchain == "triton":
+        return triton(), None, None
     cxx = host_compiler()
     if spec.toolchain != "cuda":
         return cxx, None, None
@@ -149,7 +159,16 @@ def portable_parts(spec: CompileSpec, inputs: dict[str, str], defines: list[str]
         "inputs": inputs,
         "units": [[u.name, u.lang] for u in spec.units],
         "env": env.build_affecting(),
+        **({"kernels": [k.to_json() for k in spec.kernels]} if spec.kernels else {}),
     }
+
+
+def triton_archs(archs: tuple[Arch, ...]) -> tuple[Arch, ...]:
+    """What triton 3.6 emits for each requested arch: capability 9.0 and later as the
+    arch-specific variant (sm_90a, sm_100a: its wgmma/TMA and tcgen05 lowerings), 8.x as is; never
+    PTX (a triton module is SASS only)."""
+    return tuple(sorted({Arch(a.major, a.minor, "a" if a.major >= 9 else a.suffix)
+                         for a in archs}))
 
 
 def plan(spec: CompileSpec, arch_ctx: ArchContext | None = None,
@@ -161,8 +180,10 @@ def plan(spec: CompileSpec, arch_ctx: ArchContext | None = None,
     inputs = _input_digests(spec)
     gen_dir = workspace.gen_dir(spec.uri, _gen_key(spec, inputs))
     archs: tuple[Arch, ...] = ()
-    if spec.toolchain == "cuda":
+    if spec.toolchain in ("cuda", "triton"):
         archs = (arch_ctx or ArchContext.current()).restrict(spec.arch_families, spec.what)
+    if spec.toolchain == "triton":
+        archs = triton_archs(archs)
     problem = None
     try:
         cxx, nv, cuda_lib = _tools(spec)
@@ -182,7 +203,11 @@ def plan(spec: CompileSpec, arch_ctx: ArchContext | None = None,
             cuda_flags.append("-lineinfo")
         cxx_flags.append("-DKILN_WITH_CUDA=1")
         link_flags = ([f"-L{cuda_lib}"] if cuda_lib else []) + link_flags
-    if problem is None:
+    if spec.toolchain == "triton":
+        cxx_flags, link_flags = [], []
+    if problem is None and spec.toolchain == "triton":
+        toolchain = {"name": "triton", "triton": cxx.identity()}
+    elif problem is None:
         toolchain = {"name": spec.toolchain, "cxx": cxx.identity(),
                      **({"nvcc": nv.identity()} if nv else {})}
     else:
@@ -200,6 +225,7 @@ def plan(spec: CompileSpec, arch_ctx: ArchContext | None = None,
         "inputs": inputs,
         "units": [[u.name, u.lang] for u in spec.units],
         "env": env.build_affecting(),
+        **({"kernels": [k.to_json() for k in spec.kernels]} if spec.kernels else {}),
     }
     portable = portable_parts(spec, inputs, defines)
     return BuildPlan(spec, workspace, archs, cxx, nv, tuple(cxx_flags), tuple(cuda_flags),
@@ -248,6 +274,8 @@ def compile_plan(p: BuildPlan, *, key_dir: Path | None = None, jobs: int | None 
 
 
 def _compile(p: BuildPlan, key_dir: Path, jobs: int | None, quiet: bool) -> metadata.Metadata:
+    if p.spec.toolchain == "triton":
+        return _compile_triton(p, key_dir, quiet)
     log = logger()
     key_dir = p.workspace.ensure(key_dir)
     gen_dir = generate_sources(p.spec, p.gen_dir, p.workspace)
@@ -287,6 +315,92 @@ def _compile(p: BuildPlan, key_dir: Path, jobs: int | None, quiet: bool) -> meta
     for old in key_dir.glob(f"{p.spec.name}.*{sources.extension_suffix()}"):
         if old.name != lib_name:
             old.unlink(missing_ok=True)  # an older build of this slot; loaded copies stay mapped
+    if not quiet:
+        log.info("kiln: compiled %s in %.1fs", p.describe(), elapsed)
+    return md
+
+
+def triton_commands(p: BuildPlan) -> list[str]:
+    """What compiling a triton plan runs: the child's command line, then one triton.compile per
+    kernel and arch (for `explain`)."""
+    out = [f"python -m kiln.runtime.triton_build {p.key_dir / 'build' / 'request.json'}"
+           f"  (TRITON_CACHE_DIR={p.key_dir / 'build' / 'triton-cache'})"]
+    for k in p.spec.kernels:
+        consts = ", ".join(f"{a}={v}" for a, v in k.constexprs)
+        for a in p.archs:
+            out.append(f"  {k.key}: triton.compile(ASTSource({k.unit}:{k.entry}, constexprs={{{consts}}}), "
+                       f"GPUTarget('cuda', {a.major * 10 + a.minor}, 32), num_warps={k.num_warps}, "
+                       f"num_stages={k.num_stages}) -> {triton_build.stem(k.key, a.sm)}.cubin")
+    return out
+
+
+def _compile_triton(p: BuildPlan, key_dir: Path, quiet: bool) -> metadata.Metadata:
+    """Compile every kernel of a triton module for every arch of `p` (runtime/triton_build.py)
+    and publish: each cubin under a name of its action key, then the launch metadata of all of
+    them (the module's "library"), then metadata.json, the commit marker, last."""
+    log = logger()
+    key_dir = p.workspace.ensure(key_dir)
+    build_dir = key_dir / "build"
+    if build_dir.exists():  # a triton build starts from nothing: no output is reused
+        shutil.rmtree(build_dir)
+    build_dir = p.workspace.ensure(build_dir)
+    units = {u.name: str(Path(f).resolve()) for u in p.spec.units for f in p.spec.inputs
+             if Path(f).name == u.name}
+    missing = [u.name for u in p.spec.units if u.name not in units]
+    if missing:
+        raise RuntimeError(f"{p.spec.what}: triton units {missing} are not among its inputs")
+    request = {
+        "build_dir": str(build_dir), "units": units, "own_roots": [str(sources.source_root() / "ops")],
+        "kernels": [k.to_json() for k in p.spec.kernels],
+        "archs": [{"sm": a.sm, "capability": a.major * 10 + a.minor} for a in p.archs],
+        "triton_version": p.key_parts["toolchain"]["triton"]["version"],
+    }
+    if not quiet:
+        log.info("kiln: compiling %s (first use; cached afterwards)", p.describe())
+    start = time.monotonic()
+    try:
+        triton_build.run(request, build_dir, env.get("KILN_JIT_VERBOSE"))
+    except triton_build.TritonCompileFailed as e:
+        raise CompileError(p.describe(), e.output + "\n(command: " + " ".join(e.command) + ")",
+                           build_dir, p.spec.label, tool="triton") from None
+    elapsed = time.monotonic() - start
+    deps = [Dep.of(f) for f in json.loads((build_dir / "deps.json").read_text())]
+    akey = action_key(p.spec_key, deps)
+    lib_name = metadata.library_name(p.spec.name, akey, metadata.TRITON_SUFFIX)
+    outputs: dict[str, list] = {}
+    kernels: dict[str, dict] = {}
+    for k in p.spec.kernels:
+        for a in p.archs:
+            stem = triton_build.stem(k.key, a.sm)
+            data = (build_dir / f"{stem}.cubin").read_bytes()
+            launch = json.loads((build_dir / f"{stem}.json").read_text())
+            name = f"{p.spec.name}.{akey[:16]}.{stem}.cubin"
+            write_atomic(key_dir / name, data, mode=0o600)
+            sha = file_digest(key_dir / name)
+            if sha != file_digest(build_dir / f"{stem}.cubin"):
+                raise OSError(f"the copy of {build_dir / stem}.cubin in {key_dir} differs from it")
+            outputs[name] = [len(data), sha]
+            launch.update(cubin=name, cubin_sha256=sha, cubin_size=len(data))
+            kernels.setdefault(k.key, {})[str(a)] = launch
+    library = json.dumps({"module": p.spec.name, "action_key": akey, "kernels": kernels},
+                         indent=1, sort_keys=True)
+    write_atomic(key_dir / lib_name, library, mode=0o600)
+    lib_sha = file_digest(key_dir / lib_name)
+    outputs[lib_name] = [(key_dir / lib_name).stat().st_size, lib_sha]
+    md = metadata.Metadata(
+        module=p.spec.name, uri=p.spec.uri, label=p.spec.label,
+        kiln_version=p.key_parts["kiln_version"], python_abi=p.key_parts["python_abi"],
+        spec_key=p.spec_key, action_key=akey, library=lib_name, library_sha256=lib_sha,
+        library_size=outputs[lib_name][0], archs=[str(a) for a in p.archs],
+        toolchain=p.key_parts["toolchain"], key_parts=p.key_parts, deps=deps,
+        commands=[" ".join(["python", "-m", "kiln.runtime.triton_build",
+                            str(build_dir / "request.json")])],
+        built_at=time.time(), build_seconds=round(elapsed, 3), outputs=outputs,
+    )
+    metadata.write(key_dir, md)  # the commit marker, last
+    for old in key_dir.glob(f"{p.spec.name}.*"):
+        if old.name not in outputs:
+            old.unlink(missing_ok=True)  # an older build of this slot; loaded copies stay in memory
     if not quiet:
         log.info("kiln: compiled %s in %.1fs", p.describe(), elapsed)
     return md

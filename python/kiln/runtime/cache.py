@@ -83,6 +83,9 @@ def prepare(p, entry: Entry, force: bool = False) -> None:
     if force:
         _remove(build_dir)
         return
+    if entry.state == "stale" and p.spec.toolchain == "triton":
+        _remove(build_dir)  # a triton build reuses nothing (runtime/build.py)
+        return
     if entry.state == "stale":
         why = reusable_build_dir(p, entry.md)
         if why:

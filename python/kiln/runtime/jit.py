@@ -30,6 +30,7 @@ from .lock import ModuleLock
 from .log import logger
 from .spec import CompileSpec
 from .toolchain import ToolchainError
+from .triton_module import TritonLoadError, TritonModule
 from .workspace import Workspace, WorkspaceError
 
 BUILD_COMMAND = "python -m kiln.codegen build"  # works wherever kiln is installed (also: kiln-build)
@@ -89,6 +90,10 @@ def check(p: BuildPlan) -> tuple[metadata.Metadata | None, str | None]:
 
 
 def _load_published(p: BuildPlan, md: metadata.Metadata, key_dir: Path) -> ModuleType:
+    if p.spec.toolchain == "triton":  # the cubins and their launch metadata, verified; no import
+        module = TritonModule.from_slot(p.spec.name, key_dir, md.library)
+        logger().debug("kiln: loaded %s from %s", p.describe(), key_dir / md.library)
+        return module
     _check_sanitizer(p)
     module = import_library(p.spec.name, key_dir / md.library)
     logger().debug("kiln: loaded %s from %s", p.describe(), key_dir / md.library)
@@ -126,7 +131,7 @@ def _load_uncached(p: BuildPlan) -> ModuleType:
             break
         try:
             module = _load_published(p, entry.md, p.key_dir)
-        except ImportError:
+        except (ImportError, TritonLoadError, FileNotFoundError):
             # Another process's rebuild may have superseded the library between verifying and
             # loading it: verify again, once. Anything else is a real error.
             if attempt or (p.key_dir / entry.md.library).exists():
@@ -185,7 +190,8 @@ def _build_uncached(p: BuildPlan) -> ModuleType:
         p.workspace.check_private(tmp)
         lib = tmp / md.library
         why = files.untrusted_file(lib.lstat())
-        if why or files.verified_digest(lib) != md.library_sha256:
+        if why or files.verified_digest(lib) != md.library_sha256:  # a triton module's cubins:
+            # checked against the launch metadata as they are read
             raise WorkspaceError(f"kiln: {lib}, just built, {why or 'does not match its digest'}")
         return _load_published(p, md, tmp)
     finally:

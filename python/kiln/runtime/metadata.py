@@ -173,6 +173,13 @@ _TYPES = {
 }
 
 
+TRITON_SUFFIX = ".triton.json"  # a triton module's "library": the launch metadata of its cubins
+
+
+def is_triton(md: Metadata) -> bool:
+    return md.toolchain.get("name") == "triton"
+
+
 def library_name(module: str, action_key_: str, suffix: str) -> str:
     """The published library's file name: a new action key is a new name (never rewritten)."""
     return f"{module}.{action_key_[:16]}{suffix}"
@@ -239,10 +246,13 @@ def check(md: Metadata | None, key_dir: Path, spec_key_: str, version: str, abi:
             return "damaged", f"metadata is inconsistent ({name} differs from its key parts)"
     if md.action_key != action_key(md.spec_key, md.deps):
         return "damaged", "metadata is inconsistent (action key does not match its dependencies)"
-    if md.library != library_name(md.module, md.action_key, sources.extension_suffix()):
+    triton = is_triton(md)
+    suffix = TRITON_SUFFIX if triton else sources.extension_suffix()
+    if md.library != library_name(md.module, md.action_key, suffix):
         return "damaged", (f"metadata is inconsistent (library {md.library!r} is not named after "
                            "its module and action key)")
-    if md.outputs.get(f"{md.module}.so") != [md.library_size, md.library_sha256]:
+    built = md.library if triton else f"{md.module}.so"
+    if md.outputs.get(built) != [md.library_size, md.library_sha256]:
         return "damaged", ("metadata is inconsistent (the library is not the build output it "
                            "records)")
     lib = Path(key_dir) / md.library
@@ -262,8 +272,32 @@ def check(md: Metadata | None, key_dir: Path, spec_key_: str, version: str, abi:
     if digest != md.library_sha256:
         return "damaged", (f"library {lib.name} does not match its recorded SHA-256 (corrupt or "
                            "replaced)")
+    if triton:  # every cubin: published in the slot, verified like the library
+        for name, (size, sha) in sorted(md.outputs.items()):
+            why = _published_problem(Path(key_dir) / name, size, sha)
+            if why:
+                return "damaged", why
     if check_deps:
         for d in md.deps:
             if d.changed():
                 return "stale", f"dependency changed: {d.path}"
     return "ok", None
+
+
+def _published_problem(path: Path, size: int, sha: str) -> str | None:
+    """Why the published file `path` is not the one recorded ([size, sha]), or None."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return f"{path.name} is missing"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path.name} is a symbolic link"
+    why = files.untrusted_file(st)
+    if why:
+        return f"{path.name} {why}"
+    if st.st_size != size:
+        return (f"{path.name} has {st.st_size} bytes, its metadata records {size} (truncated or "
+                "replaced)")
+    if files.verified_digest(path) != sha:
+        return f"{path.name} does not match its recorded SHA-256 (corrupt or replaced)"
+    return None

@@ -43,6 +43,7 @@ from .key import file_digest
 from .loader import import_library
 from .log import logger
 from .manifest import Manifest, ModuleEntry
+from .triton_module import TritonModule
 from .workspace import Workspace
 
 ENTRY_POINT_GROUP = "kiln.precompiled"
@@ -186,7 +187,10 @@ def _covers(rid: ReleaseId, plan) -> bool:
         return False
     if plan.spec.toolchain == "host":
         return rid.tag == "host"
-    return rid.tag != "host" and not uncovered(archs, plan.archs)
+    if plan.spec.toolchain == "triton":
+        return rid.tag.startswith("triton-") and not uncovered(archs, plan.archs)
+    return rid.tag != "host" and not rid.tag.startswith("triton-") and \
+        not uncovered(archs, plan.archs)
 
 
 # ---- the four places ----------------------------------------------------------------------
@@ -343,7 +347,10 @@ def lookup(plan) -> tuple[ModuleType | None, str]:
             "from %s. Its kernels and this version's API may disagree; use this only for a "
             "deliberate, diagnosed mixed-version experiment.", entry.module,
             entry.kiln_version, sources.kiln_version(), found.where)
-    module = import_library(plan.name, found.path)
+    if plan.spec.toolchain == "triton":  # a triton bundle (runtime/triton_module.py)
+        module = TritonModule.from_bundle(plan.name, found.path)
+    else:
+        module = import_library(plan.name, found.path)
     logger().debug("kiln: loaded %s from %s", plan.describe(), found.path)
     return module, found.where
 

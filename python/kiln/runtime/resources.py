@@ -17,7 +17,8 @@ from . import env
 GIB = 1 << 30
 # Peak resident memory of one compiler thread, rounded up (docs/architecture.md, "Compile
 # resources"): nvcc's cicc/ptxas on an attention unit ~1.2 GiB; g++ on a pybind11 unit ~0.5 GiB.
-MEM_PER_THREAD = {"cuda": int(1.5 * GIB), "host": int(0.75 * GIB)}
+MEM_PER_THREAD = {"cuda": int(1.5 * GIB), "host": int(0.75 * GIB),
+                  "triton": int(1.0 * GIB)}  # a triton child: its LLVM and one kernel at a time
 
 
 def available_memory() -> int:

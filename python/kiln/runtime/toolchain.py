@@ -1,9 +1,11 @@
-"""The compilers behind the two toolchains, found once per process, and their identity.
+"""The compilers behind the three toolchains, found once per process, and their identity.
 
 `host`: the C++ compiler (CXX, else c++ / g++ on PATH) builds the CPU backend and every binding.
 `cuda`: nvcc (KILN_NVCC, else $CUDA_HOME/bin/nvcc, else nvcc on PATH) builds device code, with the
-host compiler as its -ccbin. A toolchain's identity (resolved path and version text) is part of
-every cache key: a compiler upgrade rebuilds everything.
+host compiler as its -ccbin. `triton`: the `triton` Python package of this interpreter (its
+compiler runs in a child process, runtime/triton_build.py; nothing here imports it), identified by
+its distribution version and where it is installed. A toolchain's identity (resolved path and
+version text) is part of every cache key: a compiler upgrade rebuilds everything.
 """
 
 from __future__ import annotations
@@ -112,8 +114,40 @@ def cuda_lib_dir(home: str) -> str:
     raise ToolchainError(f"libcudart_static.a not found under {home}; set CUDA_HOME")
 
 
+def triton_version() -> str | None:
+    """The installed triton's version ("3.6.0"), without importing it; None when absent."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_location() -> str | None:
+    import importlib.util
+
+    found = importlib.util.find_spec("triton")
+    return None if found is None or not found.origin else str(Path(found.origin).parent)
+
+
+def triton() -> Compiler:
+    """The triton package as a compiler: path = its package directory, version = its release."""
+    where, version = _triton_location(), triton_version()
+    if where is None or version is None:
+        raise ToolchainError("triton is not installed in this Python "
+                             "(pip install 'kiln-kernels[triton]' or pip install triton==3.6.0); "
+                             "the triton toolchain needs it to compile, not to load a cached "
+                             "module")
+    return Compiler(where, version)
+
+
 def available(name: str) -> bool:
     try:
+        if name == "triton":
+            triton()
+            return True
         host_compiler()
         if name == "cuda":
             nvcc()
