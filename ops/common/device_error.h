@@ -33,6 +33,8 @@ enum class ErrorCode : int64_t {
   kWeightIndex = 10,      // weight_indices[s] is not a weight of the grouped GEMM
   kRopeIndptr = 11,       // a RoPE token lies in no request of indptr
   kCosSinRow = 12,        // a RoPE position is not a row of cos_sin_cache
+  kExpertId = 13,         // topk_ids[i] is neither an expert nor -1 (MoE routing)
+  kSourceIndex = 14,      // src_idx[r] is neither a flat index t * top_k + j nor -1 (MoE unpermute)
 };
 
 // The message of each code, with {position}, {value} and {bound} filled in by the reader. The
@@ -69,6 +71,12 @@ inline constexpr ErrorText kErrorTexts[] = {
      "token {position} lies in no request of indptr (which ends at {value}): indptr must start at 0, never "
      "decrease and end at nnz = {bound}"},
     {ErrorCode::kCosSinRow, "positions[{position}] = {value} is not a row of cos_sin_cache: valid are [0, {bound})"},
+    {ErrorCode::kExpertId,
+     "topk_ids[{position}] (flat) = {value} is not an expert: valid are [0, {bound}), or -1 for a slot routed "
+     "to no expert of this rank"},
+    {ErrorCode::kSourceIndex,
+     "src_idx[{position}] = {value} is not a flat index t * top_k + j: valid are [0, {bound}), or -1 for an "
+     "unused row"},
 };
 
 // Record the first error of a launch (later ones are dropped: one clear message is enough).
