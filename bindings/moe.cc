@@ -148,7 +148,11 @@ void sort(py::handle ids_obj, int64_t num_experts, py::object offs, py::object s
   p.src_idx = optional_out(src_idx, "src_idx", ids, n, "one per routed slot");
   if (p.src_idx != nullptr && p.offs == nullptr) kb::value_error("src_idx needs offs");
   if (block_size > 0) {
+    if (block_size >= (int64_t(1) << 30)) kb::value_error("block_size must be below 2^30, got " + str(block_size));
     const int64_t len = n + num_experts * (block_size - 1);
+    if (len >= (int64_t(1) << 31)) {
+      kb::value_error("T*k + E*(block_size-1) = " + str(len) + " does not fit the int32 sorted_token_ids");
+    }
     p.sorted_ids = optional_out(sorted_ids, "sorted_token_ids", ids, len, "T*k + E*(block_size-1)");
     p.expert_ids = optional_out(expert_ids, "expert_ids", ids, (len + block_size - 1) / block_size,
                                 "one per block of sorted_token_ids");

@@ -136,6 +136,7 @@ __global__ void __launch_bounds__(kTopkWarps * 32) topk_kernel(const TopkParams 
       if (!((excluded >> i) & 1u) && beats(key[e], e, best, bid)) best = key[e], bid = e;
     }
     warp_best(best, bid);
+    bid = max(bid, 0);  // never negative: the binding checks top_k against the candidates
     if (bid % 32 == lane) excluded |= 1u << (bid / 32);
     const float w = score[bid];
     sum += w;
@@ -161,7 +162,8 @@ Status launch_topk(const TopkParams& p, LaunchContext ctx) {
 // Warps of the sort: as many as the per-(warp, expert) counters and the three per-expert arrays
 // leave room for in 48 KiB, at most 32.
 inline int sort_warps(int64_t experts) {
-  const int64_t room = kSmemBytes / int64_t(sizeof(int32_t)) - 3 * experts;
+  // 16 words of slack for the kernel's static shared memory (`routed`).
+  const int64_t room = kSmemBytes / int64_t(sizeof(int32_t)) - 3 * experts - 16;
   return static_cast<int>(std::clamp<int64_t>(room / std::max<int64_t>(experts, 1), 1, kSortMaxWarps));
 }
 

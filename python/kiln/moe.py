@@ -42,6 +42,7 @@ _INDEX = (torch.int32, torch.int64)
 SCORINGS = ("softmax", "sigmoid")
 ACTIVATIONS = {"silu": silu_and_mul, "gelu": gelu_tanh_and_mul}
 BLOCK = 128  # fp8 block scales: 128 x 128 weights share one float32 scale (DeepSeek-V3)
+DEQUANT_CHUNK_ELEMENTS = 1 << 26  # the fp8 fallback's float32 temporary: 256 MiB at most
 
 
 def _module(api: str, device: torch.device, dtype: torch.dtype, name: str):
@@ -416,14 +417,16 @@ def _dequantized(api: str, name: str, w: torch.Tensor, scale, dtype: torch.dtype
             f"blocks), got {scale.dtype} {list(scale.shape)}"
         )
     out = torch.empty(w.shape, dtype=dtype, device=w.device)
-    for x in range(e):  # one expert at a time: the float32 temporary is one expert's weights
-        s = (
-            scale[x]
-            if scale.dim() == 1
-            else scale[x].repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)[:r, :c]
-        )
-        out[x] = w[x].to(torch.float32) * s
+    step = max(1, DEQUANT_CHUNK_ELEMENTS // max(1, r * c))  # experts per float32 temporary
+    for lo in range(0, e, step):
+        hi = min(e, lo + step)
+        s = scale[lo:hi, None, None] if scale.dim() == 1 else _block_scales(scale[lo:hi], r, c)
+        out[lo:hi] = w[lo:hi].to(torch.float32) * s
     return out
+
+
+def _block_scales(scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    return scale.repeat_interleave(BLOCK, 1).repeat_interleave(BLOCK, 2)[:, :rows, :cols]
 
 
 def _layer(

@@ -117,9 +117,7 @@ def test_topk_grouped_with_bias_matches_reference(device, e, groups, keep, k):
     want = moe_topk_float(logits.cpu(), k, **{**args, "correction_bias": bias.cpu()})
     check_topk(got, want)
     # Every pick lies in one of the kept groups; weights are unbiased scores renormalised x 2.5.
-    assert (got[1] // (e // groups)).unique(dim=1).shape[1] <= keep or all(
-        len(set((row // (e // groups)).tolist())) <= keep for row in got[1].cpu()
-    )
+    assert all(len(set((row // (e // groups)).tolist())) <= keep for row in got[1].cpu())
     torch.testing.assert_close(got[0].sum(-1).cpu(), torch.full((40,), 2.5), rtol=1e-5, atol=1e-5)
 
 
@@ -155,7 +153,7 @@ def test_property_renormalised_weights_sum_to_one_and_ids_are_distinct(t, e, k, 
     w, i = kiln.moe_topk(3 * torch.randn((t, e), generator=gen(seed)), k, scoring=scoring)
     torch.testing.assert_close(w.sum(-1), torch.ones(t), rtol=1e-5, atol=1e-5)
     assert all(len(set(row)) == k for row in i.tolist()) and int(i.min()) >= 0 and int(i.max()) < e
-    assert (w[:, :-1] >= w[:, 1:]).all() if scoring == "softmax" else True
+    assert (w[:, :-1] >= w[:, 1:]).all()  # no bias: descending keys are descending weights
 
 
 def test_topk_bad_inputs():
@@ -431,7 +429,7 @@ def test_fused_moe_fp8_weights_against_the_dequantised_reference(device, per_blo
     ref_moe = fused_moe_float(x, q13, q2, w, ids, w13_scale=s13, w2_scale=s2)
     torch.testing.assert_close(ref_moe, ref, rtol=1e-4, atol=1e-4)
     fc1 = torch.cat([q13[:, i:], q13[:, :i]], dim=1)
-    if not per_block:  # FlashInfer's block-scale form reorders the scale rows too
+    if not per_block:  # swapping the halves of block-scaled weights would need I % 128 == 0
         out2 = kiln.cutlass_fused_moe(
             *(v.to(device) for v in (x, ids, w, fc1, q2)),
             torch.bfloat16,
