@@ -8,6 +8,7 @@
 //        num_post_pad=None, block_size=0, errors=0, stream=0)
 //   gather(*, out, hidden, src_idx, top_k, errors=0, stream=0)
 //   unpermute(*, out, rows, weights, src_idx, inv, errors=0, stream=0)
+//   experts(*, out, x, w, offs, gated, act, gate_row0=0, up_row0=0, errors=0, stream=0)
 //
 // logits [T, E] (module dtype, contiguous rows); weights float32 and ids int32 [T, k] contiguous;
 // bias float32 [E]; sort's ids int32, any shape, contiguous (flattened to n); hidden/out/rows of
@@ -237,6 +238,51 @@ void unpermute(py::handle out_obj, py::handle rows_obj, py::handle weights_obj, 
   kb::raise_if_failed(s, kiln::spec::kUri);
 }
 
+void experts(py::handle out_obj, py::handle x_obj, py::handle w_obj, py::handle offs_obj, bool gated, int act,
+             int64_t gate_row0, int64_t up_row0, uintptr_t errors, uintptr_t stream) {
+  TensorView x = rows_view(x_obj, "x", nullptr);
+  TensorView w = tensor(w_obj, "w", &x, kDType, "the dtype of x", false);
+  if (w.ndim != 3 || w.strides[2] != 1) {
+    kb::value_error("w must be 3-D [experts, rows, depth] with unit stride along depth, got shape " + w.shape_str());
+  }
+  kb::check_element_aligned(w, sizeof(Elem));
+  const int64_t E = w.shape[0], depth = x.shape[1];
+  if (w.shape[2] != depth) kb::value_error("w.shape[2] must be x.shape[1] (" + str(depth) + "), got " + w.shape_str());
+  TensorView offs = tensor(offs_obj, "offs", &x, kInt32, "int32", true);
+  if (offs.numel() != E)
+    kb::value_error("offs must hold one entry per expert (" + str(E) + "), got " + offs.shape_str());
+  TensorView out = rows_view(out_obj, "out", &x);
+  if (out.ndim != 2 || out.shape[0] != x.shape[0]) {
+    kb::value_error("out must be [x.shape[0] = " + str(x.shape[0]) + ", cols], got " + out.shape_str());
+  }
+  const int64_t cols = out.shape[1];
+  const int64_t up0 = gated ? up_row0 : 0;
+  if (gate_row0 < 0 || up0 < 0 || gate_row0 + cols > w.shape[1] || up0 + cols > w.shape[1]) {
+    kb::value_error("the weight rows [gate_row0, +cols) and [up_row0, +cols) must lie in w's " + str(w.shape[1]) +
+                    " rows (cols " + str(cols) + ", gate_row0 " + str(gate_row0) + ", up_row0 " + str(up0) + ")");
+  }
+  const auto a = static_cast<kiln::activation::Act>(act);
+  if (gated && a != kiln::activation::Act::kSilu && a != kiln::activation::Act::kGeluTanh) {
+    kb::value_error("act must be silu or gelu_tanh, got " + str(act));
+  }
+  kb::check_no_internal_overlap(out);
+  kb::check_disjoint(out, x);
+  kb::check_disjoint(out, w);
+  km::ExpertsParams p{};
+  p.out = out.data, p.x = x.data, p.w = w.data, p.offs = static_cast<const int32_t*>(offs.data);
+  p.rows = x.shape[0], p.experts = E, p.cols = cols, p.depth = depth;
+  p.x_stride = x.strides[0], p.out_stride = out.strides[0];
+  p.w_expert_stride = w.strides[0], p.w_row_stride = w.strides[1];
+  p.gate_row0 = gate_row0, p.up_row0 = up0, p.gated = gated, p.act = a;
+  const kiln::LaunchContext ctx = kb::launch_context(x, stream, errors);
+  kiln::Status s;
+  {
+    py::gil_scoped_release no_gil;
+    s = km::experts(p, ctx);
+  }
+  kb::raise_if_failed(s, kiln::spec::kUri);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(KILN_MODULE_NAME, m) {
@@ -248,6 +294,11 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
   scorings["softmax"] = static_cast<int>(km::Scoring::kSoftmax);
   scorings["sigmoid"] = static_cast<int>(km::Scoring::kSigmoid);
   m.attr("scorings") = scorings;
+  m.attr("expert_rows_per_pass") = km::kExpertRowsPerPass;
+  py::dict acts;
+  acts["silu"] = static_cast<int>(kiln::activation::Act::kSilu);
+  acts["gelu"] = static_cast<int>(kiln::activation::Act::kGeluTanh);  // fused_moe's "gelu": tanh
+  m.attr("acts") = acts;
   kb::export_error_texts(m);
   m.def("topk", &topk, py::kw_only(), py::arg("weights"), py::arg("ids"), py::arg("logits"), py::arg("top_k"),
         py::arg("scoring"), py::arg("renormalize"), py::arg("num_groups"), py::arg("topk_group"),
@@ -262,4 +313,7 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
   m.def("unpermute", &unpermute, py::kw_only(), py::arg("out"), py::arg("rows"), py::arg("weights"), py::arg("src_idx"),
         py::arg("inv"), py::arg("errors") = 0, py::arg("stream") = 0,
         "out[t] = sum_j weights[t, j] * rows[row of t*k+j]");
+  m.def("experts", &experts, py::kw_only(), py::arg("out"), py::arg("x"), py::arg("w"), py::arg("offs"),
+        py::arg("gated"), py::arg("act"), py::arg("gate_row0") = 0, py::arg("up_row0") = 0, py::arg("errors") = 0,
+        py::arg("stream") = 0, "small-batch expert GEMM (gated: the up projection with its activation)");
 }

@@ -417,4 +417,108 @@ Status launch_unpermute(const UnpermuteParams& p, LaunchContext ctx) {
   return cuda_status(cudaGetLastError(), "moe unpermute kernel launch");
 }
 
+// Small-batch expert GEMM: one warp per output column of one expert, the expert's rows in passes
+// of kExpertRowsPerPass. Each warp streams its weight row(s) once per pass with 16-byte read-only
+// loads and keeps the rows' partial dot products in registers; lane 0 writes the column. A CTA
+// whose expert has no rows exits at once, so the grid is every expert x column tile and only the
+// selected experts' weights are read: the weight-bandwidth path of decode (docs/perf/moe.md).
+constexpr int kExpertWarps = 8;
+
+template <typename T, int VEC, bool GATED, activation::Act A>
+__global__ void __launch_bounds__(kExpertWarps * 32) experts_kernel(const ExpertsParams p) {
+  using V = Vec<T, VEC>;
+  constexpr int R = kExpertRowsPerPass;
+  const int64_t e = blockIdx.y;
+  const int64_t start = e > 0 ? p.offs[e - 1] : 0, end = p.offs[e];
+  if (start < 0 || end > p.rows || start > end) {  // offs that do not fit x: no row of this expert
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      if (end > p.rows) {
+        record_error(p.errors, ErrorCode::kSegmentEnd, e, end, p.rows);
+      } else {
+        record_error(p.errors, ErrorCode::kSegmentStart, e, start, end);
+      }
+    }
+    return;
+  }
+  if (start == end) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t c = int64_t(blockIdx.x) * kExpertWarps + warp;
+  if (c >= p.cols) return;
+  const T* w = static_cast<const T*>(p.w) + e * p.w_expert_stride;
+  const T* wg = w + (p.gate_row0 + c) * p.w_row_stride;
+  const T* wu = w + (p.up_row0 + c) * p.w_row_stride;
+  const T* x = static_cast<const T*>(p.x);
+  T* out = static_cast<T*>(p.out);
+  for (int64_t r0 = start; r0 < end; r0 += R) {
+    const int m = static_cast<int>(std::min<int64_t>(R, end - r0));
+    float ag[R], au[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) ag[r] = au[r] = 0.f;
+#pragma unroll 2
+    for (int64_t kk = int64_t(lane) * VEC; kk < p.depth; kk += 32 * VEC) {
+      const V g = V::load_ro(wg + kk);
+      V u;
+      if constexpr (GATED) u = V::load_ro(wu + kk);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r < m) {
+          const V xv = V::load(x + (r0 + r) * p.x_stride + kk);
+#pragma unroll
+          for (int q = 0; q < VEC; ++q) {
+            ag[r] += g.get(q) * xv.get(q);
+            if constexpr (GATED) au[r] += u.get(q) * xv.get(q);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      ag[r] = warp_sum(ag[r]);
+      if constexpr (GATED) au[r] = warp_sum(au[r]);
+    }
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r < m) {
+          const float v = GATED ? activation::apply<A>(ag[r]) * au[r] : ag[r];
+          out[(r0 + r) * p.out_stride + c] = Convert<T>::from_float(v);
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+Status launch_experts(const ExpertsParams& p, LaunchContext ctx) {
+  if (p.rows == 0 || p.cols == 0 || p.experts == 0) return Status::Ok();
+  DeviceGuard guard(ctx.device);
+  ExpertsParams q = p;
+  q.errors = ctx.errors;
+  const int vec = choose_vec<T>(p.depth, {p.x_stride, p.w_row_stride, p.w_expert_stride}, {p.x, p.w});
+  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(p.cols, kExpertWarps)), static_cast<unsigned>(p.experts));
+  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
+  bool launched = false;
+  const bool ok = dispatch_value<1, 2, 4, 8>(vec, [&](auto kVec) {
+    constexpr int VEC = decltype(kVec)::value;
+    if constexpr (VEC * sizeof(T) <= 16) {
+      using activation::Act;
+      if (!p.gated) {
+        experts_kernel<T, VEC, false, Act::kSilu><<<grid, kExpertWarps * 32, 0, stream>>>(q);
+        launched = true;
+      } else if (p.act == Act::kSilu) {
+        experts_kernel<T, VEC, true, Act::kSilu><<<grid, kExpertWarps * 32, 0, stream>>>(q);
+        launched = true;
+      } else if (p.act == Act::kGeluTanh) {
+        experts_kernel<T, VEC, true, Act::kGeluTanh><<<grid, kExpertWarps * 32, 0, stream>>>(q);
+        launched = true;
+      }
+    }
+  });
+  if (!ok || !launched) {
+    return Status::Error(
+        1, "moe experts: no kernel for vec=" + std::to_string(vec) + " act=" + std::to_string(static_cast<int>(p.act)));
+  }
+  return cuda_status(cudaGetLastError(), "moe experts kernel launch");
+}
+
 }  // namespace kiln::moe

@@ -19,11 +19,16 @@
 //   gather:    permuted[r] = hidden[src_idx[r] / k] (zero where src_idx[r] == -1)
 //   unpermute: out[t] = sum_j w[t, j] * rows[row of t*k+j] over the flat indices that have a row
 //              (inv: scratch [n], the inverse of src_idx, built by the call).
+//   experts:   the small-batch expert GEMMs (few rows per expert): for the rows [offs[e-1], offs[e])
+//              of x and each output column c, gated: out[r, c] = act(w[e, gate_row0 + c] . x[r]) *
+//              (w[e, up_row0 + c] . x[r]) (the up projection with its activation fused), plain:
+//              out[r, c] = w[e, c] . x[r] (the down projection); float32 dot products, rounded once.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
+#include "ops/activation/activation.h"
 #include "ops/common/macros.h"
 #include "ops/common/status.h"
 
@@ -80,6 +85,22 @@ struct UnpermuteParams {
   int64_t* errors;
 };
 
+struct ExpertsParams {
+  void* out;            // [rows, cols] row stride out_stride
+  const void* x;        // [rows, depth] row stride x_stride
+  const void* w;        // [experts, *, depth]: output column c reads row gate_row0 + c (and up_row0 + c)
+  const int32_t* offs;  // [experts] cumulative row ends (moe_permute's)
+  int64_t rows, experts, cols, depth;
+  int64_t x_stride, out_stride, w_expert_stride, w_row_stride;
+  int64_t gate_row0, up_row0;  // gated: the first gate and up rows of an expert (0 and I, or I and 0)
+  bool gated;
+  activation::Act act;
+  int64_t* errors;
+};
+// Rows of one expert that one pass of the small-batch kernel keeps in registers; more rows take
+// more passes over the same (then cached) weights.
+inline constexpr int kExpertRowsPerPass = 8;
+
 // Selection order of the routing: a candidate beats the best so far when its key is larger, or
 // equal with a lower id; NaN keys lose to every number and win only over "no candidate yet"
 // (best_id < 0), so a row of NaN logits still yields valid, distinct ids.
@@ -100,5 +121,6 @@ Status topk(const TopkParams& p, LaunchContext ctx);
 Status sort(const SortParams& p, LaunchContext ctx);
 Status gather(const GatherParams& p, LaunchContext ctx);
 Status unpermute(const UnpermuteParams& p, LaunchContext ctx);
+Status experts(const ExpertsParams& p, LaunchContext ctx);
 
 }  // namespace kiln::moe

@@ -165,4 +165,39 @@ Status unpermute(const UnpermuteParams& p, LaunchContext) {
   return Status::Ok();
 }
 
+Status experts(const ExpertsParams& p, LaunchContext) {
+  for (int64_t e = 0, prev = 0; e < p.experts; ++e) {
+    const int64_t end = p.offs[e];
+    if (end > p.rows) return Status::IndexError(index_error(ErrorCode::kSegmentEnd, e, end, p.rows));
+    if (prev > end) return Status::IndexError(index_error(ErrorCode::kSegmentStart, e, prev, end));
+    prev = end;
+  }
+  const T* x = static_cast<const T*>(p.x);
+  T* out = static_cast<T*>(p.out);
+  for (int64_t e = 0; e < p.experts; ++e) {
+    const T* w = static_cast<const T*>(p.w) + e * p.w_expert_stride;
+    for (int64_t r = e > 0 ? p.offs[e - 1] : 0; r < p.offs[e]; ++r) {
+      const T* xr = x + r * p.x_stride;
+      for (int64_t c = 0; c < p.cols; ++c) {
+        const T* wg = w + (p.gate_row0 + c) * p.w_row_stride;
+        const T* wu = w + (p.up_row0 + c) * p.w_row_stride;
+        float g = 0.f, u = 0.f;
+        for (int64_t k = 0; k < p.depth; ++k) {
+          const float xv = C::to_float(xr[k]);
+          g += C::to_float(wg[k]) * xv;
+          if (p.gated) u += C::to_float(wu[k]) * xv;
+        }
+        float v = g;
+        if (p.gated) {
+          v = (p.act == activation::Act::kGeluTanh ? activation::apply<activation::Act::kGeluTanh>(g)
+                                                   : activation::apply<activation::Act::kSilu>(g)) *
+              u;
+        }
+        out[r * p.out_stride + c] = C::from_float(v);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace kiln::moe

@@ -15,7 +15,9 @@ and FlashInfer's names and argument order.
                                                                fc1 [E, 2I, H]: up rows, then gate
 
 The layer is moe_permute -> kiln.grouped_mm (gate and up in one GEMM) -> silu/gelu-tanh-and-mul ->
-kiln.grouped_mm (down) -> moe_unpermute (the weighted sum over the k experts, float32). Every step
+kiln.grouped_mm (down) -> moe_unpermute (the weighted sum over the k experts, float32); at decode
+sizes (T <= 64, T*k <= 8E) the two GEMMs and the activation are the small-batch expert kernels
+instead (the activation fused into the up projection; only the selected experts' weights read). Every step
 is a launch of a size fixed by the shapes: no host synchronisation, no allocation that depends on
 the routing, so the layer captures in a CUDA graph and replays with new routing. Expert id -1 (an
 expert of another rank) contributes nothing. Ids outside [-1, E) are an IndexError at once on the
@@ -42,6 +44,11 @@ _INDEX = (torch.int32, torch.int64)
 SCORINGS = ("softmax", "sigmoid")
 ACTIVATIONS = {"silu": silu_and_mul, "gelu": gelu_tanh_and_mul}
 BLOCK = 128  # fp8 block scales: 128 x 128 weights share one float32 scale (DeepSeek-V3)
+# The small-batch path (ops/moe/moe.cuh's experts kernel) runs for at most this many tokens when
+# the routed rows average at most one register pass (8 rows) per expert; the grouped GEMMs
+# otherwise. Shapes only: the choice never depends on the routing.
+SMALL_BATCH_TOKENS = 64
+SMALL_BATCH_ROWS_PER_EXPERT = 8
 DEQUANT_CHUNK_ELEMENTS = 1 << 26  # the fp8 fallback's float32 temporary: 256 MiB at most
 
 
@@ -429,6 +436,35 @@ def _block_scales(scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return scale.repeat_interleave(BLOCK, 1).repeat_interleave(BLOCK, 2)[:, :rows, :cols]
 
 
+@custom_op("moe_experts", mutates=("out",))
+def _experts_op(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    offs: torch.Tensor,
+    gated: bool,
+    activation: str,
+    gate_row0: int,
+    up_row0: int,
+) -> None:
+    device = x.device
+    mod = _module("kiln.fused_moe", device, x.dtype, "hidden_states.dtype")
+    dl = _jit.dl
+    mod.experts(
+        out=dl(out),
+        x=dl(x),
+        w=dl(w),
+        offs=dl(offs),
+        gated=gated,
+        act=mod.acts[activation],
+        gate_row0=gate_row0,
+        up_row0=up_row0,
+        errors=errors.record_address(device),
+        stream=_jit.stream_of(device),
+    )
+    errors.after_launch(device)
+
+
 def _layer(
     api, hidden_states, w13, w2, topk_weights, topk_ids, activation, w13_scale, w2_scale, out, up_first
 ):
@@ -478,6 +514,16 @@ def _layer(
     w13 = _dequantized(api, "w13", w13, w13_scale, x.dtype)
     w2 = _dequantized(api, "w2", w2, w2_scale, x.dtype)
     permuted, offs, src_idx = moe_permute(x, ids, e)
+    n = permuted.shape[0]
+    unit = w13.stride(-1) == 1 and w2.stride(-1) == 1  # the small-batch kernels stream weight rows
+    if unit and t <= SMALL_BATCH_TOKENS and n <= SMALL_BATCH_ROWS_PER_EXPERT * e:
+        # Few rows per expert (decode): the small-batch kernels read each selected expert's weights
+        # once, the activation fused into the up projection.
+        act = torch.empty((n, i), dtype=x.dtype, device=x.device)
+        _experts_op(act, permuted, w13, offs, True, activation, i if up_first else 0, 0 if up_first else i)
+        down = torch.empty((n, h), dtype=x.dtype, device=x.device)
+        _experts_op(down, act, w2, offs, False, "silu", 0, 0)
+        return _unpermute(api, down, topk_weights.to(torch.float32), src_idx, out)
     if up_first:  # FlashInfer's fc1: up rows, then gate; the activation takes the gate first
         up = torch.empty((permuted.shape[0], two_i), dtype=x.dtype, device=x.device)
         grouped_mm(permuted, w13[:, i:].transpose(1, 2), offs, out=up[:, :i])
@@ -516,9 +562,10 @@ def fused_moe(
         activation: ``"silu"`` or ``"gelu"`` (the tanh approximation).
         out: optional ``[T, H]`` output of the hidden states' dtype.
 
-    The up and down projections are rounded to the hidden states' dtype (the GEMM outputs), the
-    k-way sum is float32. fp8 weights are dequantised to the activation dtype per call (no fp8
-    grouped GEMM yet; docs/moe.md), so their result is the dequantised weights' exactly.
+    The up and down projections are rounded to the hidden states' dtype (the GEMM outputs; at
+    decode sizes the activation product and the down projection), the k-way sum is float32.
+    fp8 weights are dequantised to the activation dtype per call (no fp8 grouped GEMM yet;
+    docs/moe.md), so their result is the dequantised weights' exactly.
     """
     return _layer(
         "kiln.fused_moe",

@@ -385,6 +385,41 @@ def test_fused_moe_routing_corners(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("up_first", [False, True], ids=["fused_moe", "cutlass_fused_moe"])
+def test_small_batch_and_grouped_paths_both_match(device, up_first, monkeypatch):
+    """T <= 64 with <= 8 rows per expert takes the small-batch kernels (activation fused into the
+    up projection); forcing the grouped GEMMs must give the same layer within the tolerance."""
+    e, k, h, i = 16, 4, 72, 40
+    x, w13, w2, w, ids = layer_case(e, k, h, i, 9, torch.bfloat16, device, 21)
+    ids[0, 1] = -1
+    fc1 = torch.cat([w13[:, i:], w13[:, :i]], dim=1) if up_first else w13
+    ref = per_token_reference(x, fc1, w2, w, ids, up_first=up_first)
+    calls = []
+    small = kiln.moe._experts_op
+    monkeypatch.setattr(kiln.moe, "_experts_op", lambda *a: (calls.append(a[4]), small(*a)))
+
+    def layer():
+        if up_first:
+            return kiln.cutlass_fused_moe(x, ids, w, fc1, w2, torch.bfloat16)
+        return kiln.fused_moe(x, w13, w2, w, ids)
+
+    check_layer(layer(), ref, torch.bfloat16)
+    assert calls == [True, False], "the small-batch path did not run"
+    monkeypatch.setattr(kiln.moe, "SMALL_BATCH_TOKENS", 0)
+    check_layer(layer(), ref, torch.bfloat16)
+    assert calls == [True, False], "the grouped path ran the small-batch kernels"
+
+
+def test_small_batch_kernel_bad_offs_are_an_index_error():
+    x, w = torch.randn(4, 16).bfloat16(), torch.randn(2, 6, 16).bfloat16()
+    out = torch.empty(4, 3, dtype=torch.bfloat16)
+    with pytest.raises(IndexError, match=r"segment 1 ends at row 5, past the 4 rows"):
+        kiln.moe._experts_op(out, x, w, torch.tensor([2, 5], dtype=torch.int32), True, "silu", 0, 3)
+    with pytest.raises(ValueError, match=r"must lie in w's 6 rows"):
+        kiln.moe._experts_op(out, x, w, torch.tensor([2, 4], dtype=torch.int32), True, "silu", 0, 4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_cutlass_fused_moe_takes_up_rows_first(device):
     e, k, h, i = 8, 2, 64, 48
     x, w13, w2, w, ids = layer_case(e, k, h, i, 19, torch.bfloat16, device, 11)
@@ -518,8 +553,9 @@ def test_torch_compile_fullgraph(device):
 
 
 @pytest.mark.gpu
-def test_cuda_graph_replays_with_new_routing():
-    e, k, h, i, t = 16, 4, 256, 128, 64
+@pytest.mark.parametrize("t", [8, 64], ids=["small-batch", "grouped"])
+def test_cuda_graph_replays_with_new_routing(t):
+    e, k, h, i = 16, 4, 256, 128
     x, w13, w2, _, _ = layer_case(e, k, h, i, t, torch.bfloat16, "cuda", 16)
     logits = torch.randn(t, e, device="cuda")
     out = torch.empty_like(x)
