@@ -37,11 +37,16 @@ trap pack EXIT
 TARGETS="//ops:moe //ops/gemm:grouped //ops:activation"
 TOKENS=${TOKENS:-"1 16 64 512 4096 16384"}
 MODELS=${MODELS:-"mixtral-8x7b qwen3-30b-a3b deepseek-v3"}
+declare -A SIZES=(  # the layer templates' var axes besides tokens (python/kiln/trace/moe.py)
+  [mixtral-8x7b]="num_experts=8,top_k=2,hidden=4096,intermediate=14336"
+  [qwen3-30b-a3b]="num_experts=128,top_k=8,hidden=2048,intermediate=768"
+  [deepseek-v3]="num_experts=128,top_k=8,hidden=7168,intermediate=2048"
+)
 layer_shapes() {  # the layer's --shapes values: every model at every T (decode examples to 256)
   local m t
   for m in $MODELS; do
     for t in $TOKENS; do
-      if [ "$t" -le 256 ]; then echo "$m-decode:tokens=$t"; else echo "$m-prefill:tokens=$t"; fi
+      if [ "$t" -le 256 ]; then echo "$m-decode:tokens=$t,${SIZES[$m]}"; else echo "$m-prefill:tokens=$t,${SIZES[$m]}"; fi
     done
   done
 }

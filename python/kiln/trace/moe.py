@@ -60,11 +60,15 @@ ALIGN_BLOCK = 64  # the examples' block_size (vLLM's fused_moe picks 16-128 by b
 
 
 def _examples(layer: bool, routing_scalars: bool = False):
+    """Each model's decode and prefill workloads. The layer's templates take every size as a var
+    axis (its CPU-sized `small` workloads set them), so their workloads name them all."""
     out = []
     for model, e, k, h, i, scalars, source in MOE_MODELS:
         consts = {"num_experts": e, "top_k": k}
+        sizes = {}
         if layer:
-            consts = {"num_experts": LAYER_EXPERTS.get(model, e), "top_k": k, "hidden": h, "intermediate": i}
+            consts = {}
+            sizes = {"num_experts": LAYER_EXPERTS.get(model, e), "top_k": k, "hidden": h, "intermediate": i}
         for phase, tokens in (("decode", DECODE_TOKENS), ("prefill", PREFILL_TOKENS)):
             out.append(
                 Example(
@@ -72,7 +76,7 @@ def _examples(layer: bool, routing_scalars: bool = False):
                     model=model,
                     phase=phase,
                     consts=consts,
-                    workloads=tuple({"tokens": t} for t in tokens),
+                    workloads=tuple({"tokens": t} | sizes for t in tokens),
                     scalars=scalars if routing_scalars else {},
                     source=source,
                 )
@@ -259,10 +263,18 @@ def moe_permute_reference(hidden_states, topk_ids, num_experts):
     return {"permuted": p, "offs": o, "src_idx": s}
 
 
-LAYER_AXES = ROUTING_AXES | {
-    "hidden": const(doc="hidden size H"),
-    "intermediate": const(doc="each expert's intermediate size I"),
+LAYER_AXES = {
+    "tokens": TOKENS,
+    "num_experts": var("routed experts"),
+    "top_k": var("experts per token"),
+    "hidden": var("hidden size H"),
+    "intermediate": var("each expert's intermediate size I"),
 }
+# CPU-sized layers for the template checks (a model's real layer is gigabytes of weights).
+LAYER_SMALL = (
+    {"tokens": 1, "num_experts": 4, "top_k": 2, "hidden": 64, "intermediate": 32},
+    {"tokens": 33, "num_experts": 6, "top_k": 2, "hidden": 40, "intermediate": 24},
+)
 
 MOE_PERMUTE = TraceTemplate(
     name="moe_permute",
@@ -460,7 +472,7 @@ FUSED_MOE = TraceTemplate(
     reference=fused_moe_reference,
     tolerance=LAYER_TOLERANCE,
     examples=_examples(True),
-    small=({"tokens": 1}, {"tokens": 33}),
+    small=LAYER_SMALL,
 )
 
 CUTLASS_FUSED_MOE = TraceTemplate(
@@ -484,5 +496,5 @@ CUTLASS_FUSED_MOE = TraceTemplate(
     reference=cutlass_fused_moe_reference,
     tolerance=LAYER_TOLERANCE,
     examples=_examples(True),
-    small=({"tokens": 1}, {"tokens": 33}),
+    small=LAYER_SMALL,
 )
