@@ -78,6 +78,8 @@ def _ids(api: str, name: str, ids, device: torch.device, tokens: int | None = No
         raise ValueError(f"{api}: {name} is on {ids.device} but the hidden states are on {device}")
     if tokens is not None and ids.shape[0] != tokens:
         raise ValueError(f"{api}: {name}.shape[0] must be the tokens ({tokens}), got {list(ids.shape)}")
+    if ids.dtype == torch.int64:  # saturate, so an id past int32 stays an error instead of wrapping
+        ids = ids.clamp(-(2**31), 2**31 - 1)
     return ids.to(torch.int32).contiguous()
 
 

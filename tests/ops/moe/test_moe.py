@@ -302,6 +302,12 @@ def test_out_of_range_expert_ids(device, kiln_env):
             kiln.moe_unpermute(torch.randn(4, 8), torch.ones(2, 2), src)
 
 
+def test_int64_ids_past_int32_are_an_error_not_a_wrapped_expert():
+    x, ids = torch.randn(2, 8), torch.tensor([[0, 1], [2**32 + 3, 1]], dtype=torch.int64)
+    with pytest.raises(IndexError, match=r"topk_ids\[2\] \(flat\) = 2147483647 is not an expert"):
+        kiln.moe_permute(x, ids, 8)
+
+
 def test_permute_bad_inputs():
     x, ids = torch.randn(4, 16), torch.zeros(4, 2, dtype=torch.int32)
     with pytest.raises(ValueError, match=r"topk_ids.shape\[0\] must be the tokens \(4\)"):
