@@ -8,7 +8,7 @@
 //        num_post_pad=None, block_size=0, errors=0, stream=0)
 //   gather(*, out, hidden, src_idx, top_k, errors=0, stream=0)
 //   unpermute(*, out, rows, weights, src_idx, inv, errors=0, stream=0)
-//   experts(*, out, x, w, offs, gated, act, gate_row0=0, up_row0=0, errors=0, stream=0)
+//   experts(*, out, x, w, offs, gated, act, gate_row0=0, up_row0=0, w_scale=None, errors=0, stream=0)
 //
 // logits [T, E] (module dtype, contiguous rows); weights float32 and ids int32 [T, k] contiguous;
 // bias float32 [E]; sort's ids int32, any shape, contiguous (flattened to n); hidden/out/rows of
@@ -34,6 +34,7 @@ using Elem = kiln::spec::dtype;
 constexpr auto kDType = kb::dl_dtype<Elem>();
 constexpr auto kFloat = kb::dl_dtype<float>();
 constexpr kiln::dl::DataType kInt32{kiln::dl::kInt, 32, 1};
+constexpr auto kFp8 = kb::dl_dtype<kiln::e4m3_t>();
 
 std::string str(int64_t v) {
   return std::to_string(v);
@@ -239,14 +240,34 @@ void unpermute(py::handle out_obj, py::handle rows_obj, py::handle weights_obj, 
 }
 
 void experts(py::handle out_obj, py::handle x_obj, py::handle w_obj, py::handle offs_obj, bool gated, int act,
-             int64_t gate_row0, int64_t up_row0, uintptr_t errors, uintptr_t stream) {
+             int64_t gate_row0, int64_t up_row0, py::object scale_obj, uintptr_t errors, uintptr_t stream) {
   TensorView x = rows_view(x_obj, "x", nullptr);
-  TensorView w = tensor(w_obj, "w", &x, kDType, "the dtype of x", false);
+  TensorView w = kb::view_of(w_obj, "w");
+  kb::check_same_device(w, x);
+  const bool fp8 = w.dtype == kFp8;
+  if (!fp8) kb::check_dtype(w, kDType, "the dtype of x, or float8_e4m3fn");
   if (w.ndim != 3 || w.strides[2] != 1) {
     kb::value_error("w must be 3-D [experts, rows, depth] with unit stride along depth, got shape " + w.shape_str());
   }
-  kb::check_element_aligned(w, sizeof(Elem));
+  kb::check_element_aligned(w, fp8 ? 1 : sizeof(Elem));
   const int64_t E = w.shape[0], depth = x.shape[1];
+  int scale_mode = 0;
+  const float* scale = nullptr;
+  const int64_t srows = (w.shape[1] + km::kScaleBlock - 1) / km::kScaleBlock;
+  const int64_t scols = (depth + km::kScaleBlock - 1) / km::kScaleBlock;
+  if (fp8 != !scale_obj.is_none()) kb::value_error("w_scale goes with fp8 e4m3 weights, and only with them");
+  if (fp8) {
+    TensorView s = tensor(scale_obj, "w_scale", &x, kFloat, "float32", true);
+    if (s.ndim == 1 && s.shape[0] == E) {
+      scale_mode = 1;
+    } else if (s.ndim == 3 && s.shape[0] == E && s.shape[1] == srows && s.shape[2] == scols) {
+      scale_mode = 2;
+    } else {
+      kb::value_error("w_scale must be [" + str(E) + "] or [" + str(E) + ", " + str(srows) + ", " + str(scols) +
+                      "] (128 x 128 blocks), got " + s.shape_str());
+    }
+    scale = static_cast<const float*>(s.data);
+  }
   if (w.shape[2] != depth) kb::value_error("w.shape[2] must be x.shape[1] (" + str(depth) + "), got " + w.shape_str());
   TensorView offs = tensor(offs_obj, "offs", &x, kInt32, "int32", true);
   if (offs.numel() != E)
@@ -274,6 +295,7 @@ void experts(py::handle out_obj, py::handle x_obj, py::handle w_obj, py::handle 
   p.x_stride = x.strides[0], p.out_stride = out.strides[0];
   p.w_expert_stride = w.strides[0], p.w_row_stride = w.strides[1];
   p.gate_row0 = gate_row0, p.up_row0 = up0, p.gated = gated, p.act = a;
+  p.w_fp8 = fp8, p.scale_mode = scale_mode, p.w_scale = scale, p.scale_rows = srows, p.scale_cols = scols;
   const kiln::LaunchContext ctx = kb::launch_context(x, stream, errors);
   kiln::Status s;
   {
@@ -314,6 +336,7 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
         py::arg("inv"), py::arg("errors") = 0, py::arg("stream") = 0,
         "out[t] = sum_j weights[t, j] * rows[row of t*k+j]");
   m.def("experts", &experts, py::kw_only(), py::arg("out"), py::arg("x"), py::arg("w"), py::arg("offs"),
-        py::arg("gated"), py::arg("act"), py::arg("gate_row0") = 0, py::arg("up_row0") = 0, py::arg("errors") = 0,
-        py::arg("stream") = 0, "small-batch expert GEMM (gated: the up projection with its activation)");
+        py::arg("gated"), py::arg("act"), py::arg("gate_row0") = 0, py::arg("up_row0") = 0,
+        py::arg("w_scale") = py::none(), py::arg("errors") = 0, py::arg("stream") = 0,
+        "small-batch expert GEMM (gated: the up projection with its activation)");
 }

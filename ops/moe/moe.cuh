@@ -424,9 +424,20 @@ Status launch_unpermute(const UnpermuteParams& p, LaunchContext ctx) {
 // selected experts' weights are read: the weight-bandwidth path of decode (docs/perf/moe.md).
 constexpr int kExpertWarps = 8;
 
-template <typename T, int VEC, bool GATED, activation::Act A>
+// The scale of the weight element (row, col) of expert e (1 without scales: 16-bit weights).
+template <int SCALE>
+__device__ __forceinline__ float weight_scale(const ExpertsParams& p, int64_t e, int64_t row, int64_t col) {
+  if constexpr (SCALE == 1) return p.w_scale[e];
+  if constexpr (SCALE == 2) {
+    return p.w_scale[(e * p.scale_rows + row / kScaleBlock) * p.scale_cols + col / kScaleBlock];
+  }
+  return 1.f;
+}
+
+template <typename T, typename W, int VEC, bool GATED, activation::Act A, int SCALE>
 __global__ void __launch_bounds__(kExpertWarps * 32) experts_kernel(const ExpertsParams p) {
   using V = Vec<T, VEC>;
+  using VW = Vec<W, VEC>;
   constexpr int R = kExpertRowsPerPass;
   const int64_t e = blockIdx.y;
   const int64_t start = e > 0 ? p.offs[e - 1] : 0, end = p.offs[e];
@@ -444,9 +455,10 @@ __global__ void __launch_bounds__(kExpertWarps * 32) experts_kernel(const Expert
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t c = int64_t(blockIdx.x) * kExpertWarps + warp;
   if (c >= p.cols) return;
-  const T* w = static_cast<const T*>(p.w) + e * p.w_expert_stride;
-  const T* wg = w + (p.gate_row0 + c) * p.w_row_stride;
-  const T* wu = w + (p.up_row0 + c) * p.w_row_stride;
+  const W* w = static_cast<const W*>(p.w) + e * p.w_expert_stride;
+  const int64_t gate_row = p.gate_row0 + c, up_row = p.up_row0 + c;
+  const W* wg = w + gate_row * p.w_row_stride;
+  const W* wu = w + up_row * p.w_row_stride;
   const T* x = static_cast<const T*>(p.x);
   T* out = static_cast<T*>(p.out);
   for (int64_t r0 = start; r0 < end; r0 += R) {
@@ -456,25 +468,32 @@ __global__ void __launch_bounds__(kExpertWarps * 32) experts_kernel(const Expert
     for (int r = 0; r < R; ++r) ag[r] = au[r] = 0.f;
 #pragma unroll 2
     for (int64_t kk = int64_t(lane) * VEC; kk < p.depth; kk += 32 * VEC) {
-      const V g = V::load_ro(wg + kk);
-      V u;
-      if constexpr (GATED) u = V::load_ro(wu + kk);
+      const VW g = VW::load_ro(wg + kk);
+      VW u;
+      if constexpr (GATED) u = VW::load_ro(wu + kk);
+      // A vector lies in one 128-column block (VEC divides 128), so a block scale is per vector.
+      const float sg = SCALE == 2 ? weight_scale<SCALE>(p, e, gate_row, kk) : 1.f;
+      const float su = SCALE == 2 && GATED ? weight_scale<SCALE>(p, e, up_row, kk) : 1.f;
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         if (r < m) {
           const V xv = V::load(x + (r0 + r) * p.x_stride + kk);
+          float pg = 0.f, pu = 0.f;
 #pragma unroll
           for (int q = 0; q < VEC; ++q) {
-            ag[r] += g.get(q) * xv.get(q);
-            if constexpr (GATED) au[r] += u.get(q) * xv.get(q);
+            pg += Convert<W>::to_float(g.v[q]) * xv.get(q);
+            if constexpr (GATED) pu += Convert<W>::to_float(u.v[q]) * xv.get(q);
           }
+          ag[r] += sg * pg;
+          if constexpr (GATED) au[r] += su * pu;
         }
       }
     }
+    const float tg = SCALE == 1 ? weight_scale<SCALE>(p, e, 0, 0) : 1.f;  // per-expert scale, once
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      ag[r] = warp_sum(ag[r]);
-      if constexpr (GATED) au[r] = warp_sum(au[r]);
+      ag[r] = tg * warp_sum(ag[r]);
+      if constexpr (GATED) au[r] = tg * warp_sum(au[r]);
     }
     if (lane == 0) {
 #pragma unroll
@@ -488,35 +507,50 @@ __global__ void __launch_bounds__(kExpertWarps * 32) experts_kernel(const Expert
   }
 }
 
+template <typename T, typename W, int VEC, int SCALE>
+bool launch_experts_with(const ExpertsParams& q, dim3 grid, cudaStream_t stream) {
+  using activation::Act;
+  if (!q.gated) {
+    experts_kernel<T, W, VEC, false, Act::kSilu, SCALE><<<grid, kExpertWarps * 32, 0, stream>>>(q);
+  } else if (q.act == Act::kSilu) {
+    experts_kernel<T, W, VEC, true, Act::kSilu, SCALE><<<grid, kExpertWarps * 32, 0, stream>>>(q);
+  } else if (q.act == Act::kGeluTanh) {
+    experts_kernel<T, W, VEC, true, Act::kGeluTanh, SCALE><<<grid, kExpertWarps * 32, 0, stream>>>(q);
+  } else {
+    return false;
+  }
+  return true;
+}
+
 template <typename T>
 Status launch_experts(const ExpertsParams& p, LaunchContext ctx) {
   if (p.rows == 0 || p.cols == 0 || p.experts == 0) return Status::Ok();
   DeviceGuard guard(ctx.device);
   ExpertsParams q = p;
   q.errors = ctx.errors;
-  const int vec = choose_vec<T>(p.depth, {p.x_stride, p.w_row_stride, p.w_expert_stride}, {p.x, p.w});
+  // The widest vector x allows (<= 16 bytes of T) that the weights' alignment allows too.
+  int vec = choose_vec<T>(p.depth, {p.x_stride, p.w_row_stride, p.w_expert_stride}, {p.x});
+  const int64_t wbytes = p.w_fp8 ? 1 : int64_t(sizeof(T));
+  while (vec > 1 && !aligned(p.w, vec * wbytes)) vec /= 2;
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(p.cols, kExpertWarps)), static_cast<unsigned>(p.experts));
   const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
   bool launched = false;
   const bool ok = dispatch_value<1, 2, 4, 8>(vec, [&](auto kVec) {
     constexpr int VEC = decltype(kVec)::value;
     if constexpr (VEC * sizeof(T) <= 16) {
-      using activation::Act;
-      if (!p.gated) {
-        experts_kernel<T, VEC, false, Act::kSilu><<<grid, kExpertWarps * 32, 0, stream>>>(q);
-        launched = true;
-      } else if (p.act == Act::kSilu) {
-        experts_kernel<T, VEC, true, Act::kSilu><<<grid, kExpertWarps * 32, 0, stream>>>(q);
-        launched = true;
-      } else if (p.act == Act::kGeluTanh) {
-        experts_kernel<T, VEC, true, Act::kGeluTanh><<<grid, kExpertWarps * 32, 0, stream>>>(q);
-        launched = true;
+      if (!p.w_fp8) {
+        launched = launch_experts_with<T, T, VEC, 0>(q, grid, stream);
+      } else if (p.scale_mode == 1) {
+        launched = launch_experts_with<T, e4m3_t, VEC, 1>(q, grid, stream);
+      } else if (p.scale_mode == 2) {
+        launched = launch_experts_with<T, e4m3_t, VEC, 2>(q, grid, stream);
       }
     }
   });
   if (!ok || !launched) {
-    return Status::Error(
-        1, "moe experts: no kernel for vec=" + std::to_string(vec) + " act=" + std::to_string(static_cast<int>(p.act)));
+    return Status::Error(1, "moe experts: no kernel for vec=" + std::to_string(vec) +
+                                " act=" + std::to_string(static_cast<int>(p.act)) +
+                                " scale_mode=" + std::to_string(p.scale_mode));
   }
   return cuda_status(cudaGetLastError(), "moe experts kernel launch");
 }

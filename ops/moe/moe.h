@@ -23,6 +23,7 @@
 //              of x and each output column c, gated: out[r, c] = act(w[e, gate_row0 + c] . x[r]) *
 //              (w[e, up_row0 + c] . x[r]) (the up projection with its activation fused), plain:
 //              out[r, c] = w[e, c] . x[r] (the down projection); float32 dot products, rounded once.
+//              Weights of the module's dtype, or fp8 e4m3 with per-expert or 128 x 128 block scales.
 #pragma once
 
 #include <cmath>
@@ -95,8 +96,16 @@ struct ExpertsParams {
   int64_t gate_row0, up_row0;  // gated: the first gate and up rows of an expert (0 and I, or I and 0)
   bool gated;
   activation::Act act;
+  // fp8 e4m3 weights (w_fp8) times float32 scales: per expert (scale_mode 1, w_scale [experts]) or
+  // per 128 x 128 block of each expert's [rows, depth] (scale_mode 2, w_scale [experts,
+  // scale_rows, scale_cols]); 16-bit weights of the module's dtype have none (scale_mode 0).
+  bool w_fp8;
+  int scale_mode;
+  const float* w_scale;
+  int64_t scale_rows, scale_cols;
   int64_t* errors;
 };
+inline constexpr int64_t kScaleBlock = 128;
 // Rows of one expert that one pass of the small-batch kernel keeps in registers; more rows take
 // more passes over the same (then cached) weights.
 inline constexpr int kExpertRowsPerPass = 8;

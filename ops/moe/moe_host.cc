@@ -165,6 +165,19 @@ Status unpermute(const UnpermuteParams& p, LaunchContext) {
   return Status::Ok();
 }
 
+namespace {
+
+// Weight element k of row `row` of expert e, dequantised (fp8 times its scale) or converted.
+float weight(const ExpertsParams& p, int64_t e, int64_t row, int64_t k) {
+  const int64_t at = e * p.w_expert_stride + row * p.w_row_stride + k;
+  if (!p.w_fp8) return C::to_float(static_cast<const T*>(p.w)[at]);
+  const float v = Convert<e4m3_t>::to_float(static_cast<const e4m3_t*>(p.w)[at]);
+  if (p.scale_mode == 1) return v * p.w_scale[e];
+  return v * p.w_scale[(e * p.scale_rows + row / kScaleBlock) * p.scale_cols + k / kScaleBlock];
+}
+
+}  // namespace
+
 Status experts(const ExpertsParams& p, LaunchContext) {
   for (int64_t e = 0, prev = 0; e < p.experts; ++e) {
     const int64_t end = p.offs[e];
@@ -175,17 +188,14 @@ Status experts(const ExpertsParams& p, LaunchContext) {
   const T* x = static_cast<const T*>(p.x);
   T* out = static_cast<T*>(p.out);
   for (int64_t e = 0; e < p.experts; ++e) {
-    const T* w = static_cast<const T*>(p.w) + e * p.w_expert_stride;
     for (int64_t r = e > 0 ? p.offs[e - 1] : 0; r < p.offs[e]; ++r) {
       const T* xr = x + r * p.x_stride;
       for (int64_t c = 0; c < p.cols; ++c) {
-        const T* wg = w + (p.gate_row0 + c) * p.w_row_stride;
-        const T* wu = w + (p.up_row0 + c) * p.w_row_stride;
         float g = 0.f, u = 0.f;
         for (int64_t k = 0; k < p.depth; ++k) {
           const float xv = C::to_float(xr[k]);
-          g += C::to_float(wg[k]) * xv;
-          if (p.gated) u += C::to_float(wu[k]) * xv;
+          g += weight(p, e, p.gate_row0 + c, k) * xv;
+          if (p.gated) u += weight(p, e, p.up_row0 + c, k) * xv;
         }
         float v = g;
         if (p.gated) {

@@ -400,9 +400,9 @@ def moe_unpermute(
 # --- the layer -------------------------------------------------------------------------------------
 
 
-def _dequantized(api: str, name: str, w: torch.Tensor, scale, dtype: torch.dtype) -> torch.Tensor:
-    """w (fp8 e4m3 with float32 scales, per expert [E] or per 128 x 128 block) in the activation
-    dtype; 16-bit weights as they are."""
+def _check_weight(api: str, name: str, w: torch.Tensor, scale, dtype: torch.dtype) -> bool:
+    """Whether w is fp8 (e4m3 with float32 scales, per expert [E] or per 128 x 128 block); 16-bit
+    weights must have the activation dtype and no scale."""
     if w.dtype in _16BIT:
         if scale is not None:
             raise ValueError(f"{api}: {name}_scale is for fp8 weights; {name} is {w.dtype}")
@@ -410,7 +410,7 @@ def _dequantized(api: str, name: str, w: torch.Tensor, scale, dtype: torch.dtype
             raise TypeError(
                 f"{api}: {name}.dtype must be the hidden states' ({dtype}) or float8_e4m3fn, got {w.dtype}"
             )
-        return w
+        return False
     if w.dtype != torch.float8_e4m3fn:
         raise TypeError(f"{api}: {name}.dtype must be {dtype} or float8_e4m3fn, got {w.dtype}")
     if scale is None:
@@ -425,6 +425,14 @@ def _dequantized(api: str, name: str, w: torch.Tensor, scale, dtype: torch.dtype
             f"{api}: {name}_scale must be float32 [{e}] (per expert) or {list(blocks)} (128 x 128 "
             f"blocks), got {scale.dtype} {list(scale.shape)}"
         )
+    return True
+
+
+def _dequantized(w: torch.Tensor, scale, dtype: torch.dtype) -> torch.Tensor:
+    """fp8 w times its scales in the activation dtype (the grouped path's fallback); 16-bit w as is."""
+    if scale is None:
+        return w
+    e, r, c = w.shape
     out = torch.empty(w.shape, dtype=dtype, device=w.device)
     step = max(1, DEQUANT_CHUNK_ELEMENTS // max(1, r * c))  # experts per float32 temporary
     for lo in range(0, e, step):
@@ -448,6 +456,7 @@ def _experts_op(
     activation: str,
     gate_row0: int,
     up_row0: int,
+    w_scale: torch.Tensor | None = None,
 ) -> None:
     device = x.device
     mod = _module("kiln.fused_moe", device, x.dtype, "hidden_states.dtype")
@@ -461,6 +470,7 @@ def _experts_op(
         act=mod.acts[activation],
         gate_row0=gate_row0,
         up_row0=up_row0,
+        w_scale=None if w_scale is None else dl(w_scale),
         errors=errors.record_address(device),
         stream=_jit.stream_of(device),
     )
@@ -513,19 +523,23 @@ def _layer(
         _tensor(api, "out", out, 2)
         if out.dtype != x.dtype or tuple(out.shape) != (t, h):
             raise ValueError(f"{api}: out must be {x.dtype} [{t}, {h}], got {out.dtype} {list(out.shape)}")
-    w13 = _dequantized(api, "w13", w13, w13_scale, x.dtype)
-    w2 = _dequantized(api, "w2", w2, w2_scale, x.dtype)
+    fp8_13 = _check_weight(api, "w13", w13, w13_scale, x.dtype)
+    fp8_2 = _check_weight(api, "w2", w2, w2_scale, x.dtype)
     permuted, offs, src_idx = moe_permute(x, ids, e)
     n = permuted.shape[0]
     unit = w13.stride(-1) == 1 and w2.stride(-1) == 1  # the small-batch kernels stream weight rows
     if unit and t <= SMALL_BATCH_TOKENS and n <= SMALL_BATCH_ROWS_PER_EXPERT * e:
         # Few rows per expert (decode): the small-batch kernels read each selected expert's weights
-        # once, the activation fused into the up projection.
+        # once (fp8 ones as they are, scaled in the kernel), the activation fused into the up
+        # projection.
         act = torch.empty((n, i), dtype=x.dtype, device=x.device)
-        _experts_op(act, permuted, w13, offs, True, activation, i if up_first else 0, 0 if up_first else i)
+        gate0, up0 = (i, 0) if up_first else (0, i)
+        _experts_op(act, permuted, w13, offs, True, activation, gate0, up0, w13_scale if fp8_13 else None)
         down = torch.empty((n, h), dtype=x.dtype, device=x.device)
-        _experts_op(down, act, w2, offs, False, "silu", 0, 0)
+        _experts_op(down, act, w2, offs, False, "silu", 0, 0, w2_scale if fp8_2 else None)
         return _unpermute(api, down, topk_weights.to(torch.float32), src_idx, out)
+    w13 = _dequantized(w13, w13_scale if fp8_13 else None, x.dtype)
+    w2 = _dequantized(w2, w2_scale if fp8_2 else None, x.dtype)
     if up_first:  # FlashInfer's fc1: up rows, then gate; the activation takes the gate first
         up = torch.empty((permuted.shape[0], two_i), dtype=x.dtype, device=x.device)
         grouped_mm(permuted, w13[:, i:].transpose(1, 2), offs, out=up[:, :i])
@@ -566,8 +580,9 @@ def fused_moe(
 
     The up and down projections are rounded to the hidden states' dtype (the GEMM outputs; at
     decode sizes the activation product and the down projection), the k-way sum is float32.
-    fp8 weights are dequantised to the activation dtype per call (no fp8 grouped GEMM yet;
-    docs/moe.md), so their result is the dequantised weights' exactly.
+    fp8 weights are read as fp8 by the decode-size kernels (scales applied in float32); at larger
+    batches they are dequantised to the activation dtype per call (no fp8 grouped GEMM yet;
+    docs/moe.md).
     """
     return _layer(
         "kiln.fused_moe",

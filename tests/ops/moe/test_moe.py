@@ -421,6 +421,22 @@ def test_small_batch_kernel_bad_offs_are_an_index_error():
     out = torch.empty(4, 3, dtype=torch.bfloat16)
     with pytest.raises(IndexError, match=r"segment 1 ends at row 5, past the 4 rows"):
         kiln.moe._experts_op(out, x, w, torch.tensor([2, 5], dtype=torch.int32), True, "silu", 0, 3)
+    with pytest.raises(ValueError, match=r"w_scale goes with fp8 e4m3 weights"):
+        kiln.moe._experts_op(
+            out, x, w, torch.tensor([2, 4], dtype=torch.int32), True, "silu", 0, 3, torch.ones(2)
+        )
+    with pytest.raises(ValueError, match=r"w_scale must be \[2\] or \[2, 1, 1\]"):
+        kiln.moe._experts_op(
+            out,
+            x,
+            w.to(torch.float8_e4m3fn),
+            torch.tensor([2, 4], dtype=torch.int32),
+            True,
+            "silu",
+            0,
+            3,
+            torch.ones(3),
+        )
     with pytest.raises(ValueError, match=r"must lie in w's 6 rows"):
         kiln.moe._experts_op(out, x, w, torch.tensor([2, 4], dtype=torch.int32), True, "silu", 0, 4)
 
@@ -452,14 +468,16 @@ def fp8_weights(w, per_block, g):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("per_block", [False, True], ids=["per-expert", "block-128"])
-def test_fused_moe_fp8_weights_against_the_dequantised_reference(device, per_block):
-    # H = 200 and 2I = 272 are no multiple of 128: the last blocks are partial. kiln dequantises the
-    # weights into the activation dtype: each weight is an e4m3 value times a float32 scale,
-    # rounded once to bf16 (2^-9), the same order as the layer's own roundings, so the bf16
-    # tolerance holds against the float32 dequantised reference.
+@pytest.mark.parametrize("t", [9, 70], ids=["small-batch", "grouped"])
+def test_fused_moe_fp8_weights_against_the_dequantised_reference(device, per_block, t):
+    # H = 200 and 2I = 272 are no multiple of 128: the last blocks are partial. The small-batch
+    # kernels (T = 9) scale the fp8 weights in float32 inside the dot products; the grouped path
+    # (T = 70) dequantises them into the activation dtype first (one more rounding, 2^-9 relative
+    # in bf16, the order of the layer's own roundings): the bf16 layer tolerance holds for both
+    # against the float32 dequantised reference.
     e, k, h, i = 4, 2, 200, 136
     g = gen(12)
-    x, w13, w2, w, ids = layer_case(e, k, h, i, 9, torch.bfloat16, "cpu", 13)
+    x, w13, w2, w, ids = layer_case(e, k, h, i, t, torch.bfloat16, "cpu", 13)
     q13, s13 = fp8_weights(w13, per_block, g)
     q2, s2 = fp8_weights(w2, per_block, g)
     out = kiln.fused_moe(
@@ -469,14 +487,14 @@ def test_fused_moe_fp8_weights_against_the_dequantised_reference(device, per_blo
     check_layer(out, ref, torch.bfloat16)
     ref_moe = fused_moe_float(x, q13, q2, w, ids, w13_scale=s13, w2_scale=s2)
     torch.testing.assert_close(ref_moe, ref, rtol=1e-4, atol=1e-4)
-    fc1 = torch.cat([q13[:, i:], q13[:, :i]], dim=1)
     if not per_block:  # swapping the halves of block-scaled weights would need I % 128 == 0
+        fc1 = torch.cat([q13[:, i:], q13[:, :i]], dim=1)
         out2 = kiln.cutlass_fused_moe(
             *(v.to(device) for v in (x, ids, w, fc1, q2)),
             torch.bfloat16,
             quant_scales=(s13.to(device), s2.to(device)),
         )
-        torch.testing.assert_close(out2, out, rtol=0, atol=0)
+        check_layer(out2, ref, torch.bfloat16)
 
 
 def test_fused_moe_bad_inputs():
