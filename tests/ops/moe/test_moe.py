@@ -459,7 +459,7 @@ def fp8_weights(w, per_block, g):
     """(fp8 e4m3 weights, float32 scales): per expert, or per 128 x 128 block with random scales."""
     e, r, c = w.shape
     if per_block:
-        scale = 0.5 + torch.rand((e, -(-r // 128), -(-c // 128)), generator=g)
+        scale = (0.5 + torch.rand((e, -(-r // 128), -(-c // 128)), generator=g)).to(w.device)
     else:
         scale = w.float().abs().amax(dim=(1, 2)) / 448.0
     q = (w.float() / dequantize(torch.ones_like(w, dtype=torch.float32), scale)).to(torch.float8_e4m3fn)
@@ -612,3 +612,23 @@ def test_cuda_model_sized_layer(t):
     x, w13, w2, w, ids = layer_case(128, 8, 2048, 768, t, torch.bfloat16, "cuda", t)
     out = kiln.fused_moe(x, w13, w2, w, ids)
     check_layer(out, fused_moe_float(x, w13, w2, w, ids).cpu(), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 16, 64])
+def test_cuda_fp8_block_scaled_deepseek_like_layer(t):
+    # DeepSeek-V3's expert sizes (H 7168, I 2048, top 8, grouped 8/4 sigmoid routing) with 32 of its
+    # experts, e4m3 weights with 128 x 128 block scales: T 1 and 16 run the small-batch kernels on
+    # the fp8 bytes, T 64 (512 rows > 8 per expert) the dequantise-then-grouped-GEMM fallback.
+    e, k, h, i = 32, 8, 7168, 2048
+    g = gen(t)
+    w13, w2 = layer_weights(e, h, i, torch.bfloat16, "cuda", g)
+    q13, s13 = fp8_weights(w13, True, g)
+    q2, s2 = fp8_weights(w2, True, g)
+    del w13, w2
+    x = torch.randn((t, h), generator=g).bfloat16().cuda()
+    logits = torch.randn((t, e), generator=g).cuda()
+    w, ids = kiln.moe_topk(logits, k, scoring="sigmoid", num_expert_group=8, topk_group=4)
+    out = kiln.fused_moe(x, q13, q2, w, ids, w13_scale=s13.cuda(), w2_scale=s2.cuda())
+    ref = fused_moe_float(x, q13, q2, w, ids, w13_scale=s13.cuda(), w2_scale=s2.cuda())
+    check_layer(out, ref.cpu(), torch.bfloat16)
