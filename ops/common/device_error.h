@@ -35,6 +35,8 @@ enum class ErrorCode : int64_t {
   kCosSinRow = 12,        // a RoPE position is not a row of cos_sin_cache
   kSamplingIndex = 13,    // a sampler's indices[i] is not a row of its probs/logits
   kDraftTokenId = 14,     // a draft token id of speculative sampling is not in the vocabulary
+  kExpertId = 15,         // topk_ids[i] is neither an expert nor -1 (MoE routing)
+  kSourceIndex = 16,      // src_idx[r] is neither a flat index t * top_k + j nor -1 (MoE unpermute)
 };
 
 // The message of each code, with {position}, {value} and {bound} filled in by the reader. The
@@ -75,6 +77,12 @@ inline constexpr ErrorText kErrorTexts[] = {
      "indices[{position}] = {value} is not a row of the probabilities/logits: valid are [0, {bound})"},
     {ErrorCode::kDraftTokenId,
      "draft_token_ids (flattened)[{position}] = {value} is not a token of the vocabulary: valid are [0, {bound})"},
+    {ErrorCode::kExpertId,
+     "topk_ids[{position}] (flat) = {value} is not an expert: valid are [0, {bound}), or -1 for a slot routed "
+     "to no expert of this rank"},
+    {ErrorCode::kSourceIndex,
+     "src_idx[{position}] = {value} is not a flat index t * top_k + j: valid are [0, {bound}), or -1 for an "
+     "unused row"},
 };
 
 // Record the first error of a launch (later ones are dropped: one clear message is enough).

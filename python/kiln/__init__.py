@@ -34,6 +34,8 @@ _API = {
                 "single_prefill_with_kv_cache"),
     "cascade": ("merge_state", "merge_state_in_place", "merge_states", "MultiLevelCascadeAttentionWrapper"),
     "page": ("append_paged_kv_cache", "get_batch_indices_positions"),
+    "moe": ("moe_topk", "moe_align_block_size", "moe_permute", "moe_unpermute", "fused_moe",
+            "cutlass_fused_moe"),
     "gemm": ("mm_bf16", "bmm_bf16", "bmm_fp8", "gemm_fp8_nt_groupwise", "SegmentGEMMWrapper", "grouped_mm"),
     "errors": ("check_errors", "DeviceIndexError"),
     "autotuner": ("autotune",),

@@ -1,0 +1,135 @@
+// Mixture of experts, routing and data movement: the parameters and entry points shared by the
+// CUDA and the host backends (moe_cuda.cu, moe_host.cc). Framework free.
+//
+//   topk:      router_logits [T, E] -> topk_weights float32 [T, k], topk_ids int32 [T, k]
+//              scores = softmax(logits) or sigmoid(logits); keys = scores + correction_bias (bias
+//              only for selection); plain top-k over the keys, or grouped (DeepSeek-V3): the best
+//              topk_group of num_expert_group groups by the sum of each group's two largest keys,
+//              then top-k among the experts of those groups. Weights are the unbiased scores of the
+//              chosen experts, divided by their sum when renormalize, then times scale
+//              (routed_scaling_factor). Ties go to the lower expert (and group) id; chosen experts
+//              are written in descending key order.
+//   sort:      topk_ids [n = T*k] -> rows grouped by ascending expert, in ascending flat index t*k+j
+//              within an expert (a stable sort): src_idx [n] (row -> flat index; -1 for rows past the
+//              last routed one), offs [E] (cumulative row ends), and vLLM's align outputs:
+//              sorted_ids [n + E*(block_size-1)] (each expert's run padded to a multiple of
+//              block_size with the value n), expert_ids [ceil(len / block_size)] (-1 for blocks past
+//              the padded total), num_post_pad [1]. Expert id -1 gives no row; an id outside
+//              [-1, E) gives no row and is an index error.
+//   gather:    permuted[r] = hidden[src_idx[r] / k] (zero where src_idx[r] == -1)
+//   unpermute: out[t] = sum_j w[t, j] * rows[row of t*k+j] over the flat indices that have a row
+//              (inv: scratch [n], the inverse of src_idx, built by the call).
+//   experts:   the small-batch expert GEMMs (few rows per expert): for the rows [offs[e-1], offs[e])
+//              of x and each output column c, gated: out[r, c] = act(w[e, gate_row0 + c] . x[r]) *
+//              (w[e, up_row0 + c] . x[r]) (the up projection with its activation fused), plain:
+//              out[r, c] = w[e, c] . x[r] (the down projection); float32 dot products, rounded once.
+//              Weights of the module's dtype, or fp8 e4m3 with per-expert or 128 x 128 block scales.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "ops/activation/activation.h"
+#include "ops/common/macros.h"
+#include "ops/common/status.h"
+
+namespace kiln::moe {
+
+enum class Scoring : int { kSoftmax = 0, kSigmoid = 1 };
+inline constexpr int kNumScorings = 2;
+// The most experts one call routes: the routing kernels keep a token's scores and the sort's
+// per-warp counters in shared memory (48 KiB without opt-in), and a lane owns E / 32 experts in
+// one 32-bit mask.
+inline constexpr int64_t kMaxExperts = 1024;
+
+struct TopkParams {
+  float* weights;      // [tokens, top_k]
+  int32_t* ids;        // [tokens, top_k]
+  const void* logits;  // [tokens, experts] of the module's dtype, row stride logit_stride
+  const float* bias;   // [experts] or null
+  int64_t tokens, experts, logit_stride;
+  int top_k;
+  Scoring scoring;
+  bool renormalize;
+  int num_groups;  // 0: plain top-k; otherwise experts % num_groups == 0, group size >= 2
+  int topk_group;  // groups kept (1..num_groups); top_k <= topk_group * group size
+  float scale;     // routed_scaling_factor
+};
+
+struct SortParams {
+  const int32_t* ids;  // [n]
+  int64_t n, experts;
+  int64_t block_size;     // align outputs: > 0; 0 when they are not asked for
+  int32_t* offs;          // [experts] or null
+  int32_t* src_idx;       // [n] or null
+  int32_t* sorted_ids;    // [n + experts * (block_size - 1)] or null
+  int32_t* expert_ids;    // [ceil_div(n + experts * (block_size - 1), block_size)] or null
+  int32_t* num_post_pad;  // [1] or null
+  int64_t* errors;        // the device's error record (null on the host)
+};
+
+struct GatherParams {
+  void* out;               // [n, hidden] row stride out_stride
+  const void* hidden;      // [tokens, hidden] row stride in_stride
+  const int32_t* src_idx;  // [n]
+  int64_t n, tokens, top_k, hidden_size, in_stride, out_stride;
+  int64_t* errors;
+};
+
+struct UnpermuteParams {
+  void* out;               // [tokens, hidden] row stride out_stride
+  const void* rows;        // [n, hidden] row stride rows_stride
+  const float* weights;    // [tokens, top_k] row stride weight_stride
+  const int32_t* src_idx;  // [n]
+  int32_t* inv;            // [n] scratch
+  int64_t n, tokens, top_k, hidden_size, rows_stride, out_stride, weight_stride;
+  int64_t* errors;
+};
+
+struct ExpertsParams {
+  void* out;            // [rows, cols] row stride out_stride
+  const void* x;        // [rows, depth] row stride x_stride
+  const void* w;        // [experts, *, depth]: output column c reads row gate_row0 + c (and up_row0 + c)
+  const int32_t* offs;  // [experts] cumulative row ends (moe_permute's)
+  int64_t rows, experts, cols, depth;
+  int64_t x_stride, out_stride, w_expert_stride, w_row_stride;
+  int64_t gate_row0, up_row0;  // gated: the first gate and up rows of an expert (0 and I, or I and 0)
+  bool gated;
+  activation::Act act;
+  // fp8 e4m3 weights (w_fp8) times float32 scales: per expert (scale_mode 1, w_scale [experts]) or
+  // per 128 x 128 block of each expert's [rows, depth] (scale_mode 2, w_scale [experts,
+  // scale_rows, scale_cols]); 16-bit weights of the module's dtype have none (scale_mode 0).
+  bool w_fp8;
+  int scale_mode;
+  const float* w_scale;
+  int64_t scale_rows, scale_cols;
+  int64_t* errors;
+};
+inline constexpr int64_t kScaleBlock = 128;
+// Rows of one expert that one pass of the small-batch kernel keeps in registers; more rows take
+// more passes over the same (then cached) weights.
+inline constexpr int kExpertRowsPerPass = 8;
+
+// Selection order of the routing: a candidate beats the best so far when its key is larger, or
+// equal with a lower id; NaN keys lose to every number and win only over "no candidate yet"
+// (best_id < 0), so a row of NaN logits still yields valid, distinct ids.
+KILN_HOST_DEVICE bool beats(float key, int64_t id, float best_key, int64_t best_id) {
+  if (best_id < 0) return true;
+  const bool nan = key != key, best_nan = best_key != best_key;
+  if (nan != best_nan) return best_nan;
+  if (nan) return id < best_id;
+  return key > best_key || (key == best_key && id < best_id);
+}
+
+KILN_HOST_DEVICE float sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+
+// Implemented once per backend (topk and gather/unpermute for the module's dtype).
+Status topk(const TopkParams& p, LaunchContext ctx);
+Status sort(const SortParams& p, LaunchContext ctx);
+Status gather(const GatherParams& p, LaunchContext ctx);
+Status unpermute(const UnpermuteParams& p, LaunchContext ctx);
+Status experts(const ExpertsParams& p, LaunchContext ctx);
+
+}  // namespace kiln::moe

@@ -1,0 +1,500 @@
+"""Trace templates of kiln.moe's APIs and the family's one reference implementation.
+
+Routing: `moe_topk`; data movement: `moe_align_block_size`, `moe_permute`, `moe_unpermute`; the
+layer: `fused_moe` (w13 gate rows first, vLLM's order) and `cutlass_fused_moe` (fc1 up rows first,
+FlashInfer's). Axes: `tokens` (var) x the model's constants (`num_experts`, `top_k`, `hidden`,
+`intermediate`). The references compute in float32 from the definitions (moe.h, docs/moe.md):
+ties go to the lower expert id (a stable descending sort), grouped routing ranks groups by the sum
+of their two largest biased scores. The layer's reference loops over the experts (one float32 GEMM
+each, index_add of the weighted rows): the per-token loop of the tests is the same sum, too slow
+for the benchmark's 16k-token workloads.
+
+Tolerances of the layer: kiln rounds the up projection, the activation product and the down
+projection to the activation dtype (three roundings of half an ulp, 2^-9 bf16 / 2^-12 fp16,
+mostly averaging out in the sums), then adds the k weighted rows in float32: 2e-2 bf16, 4e-3 fp16
+relative on outputs of order 1, with atol for the elements near zero.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .gemm import QWEN3_30B_A3B
+from .template import Example, Scalar, Tensor, TraceTemplate, const, var
+
+MIXTRAL_8X7B = (
+    "mistralai/Mixtral-8x7B-v0.1 config.json: hidden_size 4096, intermediate_size 14336, "
+    "num_local_experts 8, num_experts_per_tok 2"
+)
+DEEPSEEK_V3 = (
+    "deepseek-ai/DeepSeek-V3 config.json: hidden_size 7168, moe_intermediate_size 2048, "
+    "n_routed_experts 256, num_experts_per_tok 8, n_group 8, topk_group 4, scoring sigmoid, "
+    "routed_scaling_factor 2.5 (the routed experts only; the shared expert is a dense MLP)"
+)
+# (model, experts, top_k, hidden, intermediate, routing scalars, source). The DeepSeek-V3 layer
+# keeps 128 of its 256 experts (LAYER_EXPERTS): 256 bf16 experts are 22.5 GiB of weights, and the
+# benchmark harness holds three copies (its inputs, a rotating set, the checked backend's), past
+# the ~60 GiB a case may use on the H200; routing keeps all 256.
+MOE_MODELS = (
+    ("mixtral-8x7b", 8, 2, 4096, 14336, {}, MIXTRAL_8X7B),
+    ("qwen3-30b-a3b", 128, 8, 2048, 768, {}, QWEN3_30B_A3B),
+    (
+        "deepseek-v3",
+        256,
+        8,
+        7168,
+        2048,
+        {"scoring": "sigmoid", "num_expert_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5},
+        DEEPSEEK_V3,
+    ),
+)
+LAYER_EXPERTS = {"deepseek-v3": 128}
+DECODE_TOKENS = (1, 16, 64, 256)
+PREFILL_TOKENS = (512, 4096, 8192, 16384)
+ROUTING_TOLERANCE = {"float32": (1e-5, 1e-6), "bfloat16": (1e-5, 1e-6), "float16": (1e-5, 1e-6)}
+EXACT = {"bfloat16": (0.0, 0.0), "float16": (0.0, 0.0), "float32": (0.0, 0.0)}
+LAYER_TOLERANCE = {"bfloat16": (2e-2, 2e-2), "float16": (4e-3, 4e-3)}
+ALIGN_BLOCK = 64  # the examples' block_size (vLLM's fused_moe picks 16-128 by batch)
+
+
+def _examples(layer: bool, routing_scalars: bool = False):
+    """Each model's decode and prefill workloads. The layer's templates take every size as a var
+    axis (its CPU-sized `small` workloads set them), so their workloads name them all."""
+    out = []
+    for model, e, k, h, i, scalars, source in MOE_MODELS:
+        consts = {"num_experts": e, "top_k": k}
+        sizes = {}
+        if layer:
+            consts = {}
+            sizes = {"num_experts": LAYER_EXPERTS.get(model, e), "top_k": k, "hidden": h, "intermediate": i}
+        for phase, tokens in (("decode", DECODE_TOKENS), ("prefill", PREFILL_TOKENS)):
+            out.append(
+                Example(
+                    name=f"{model}-{phase}",
+                    model=model,
+                    phase=phase,
+                    consts=consts,
+                    workloads=tuple({"tokens": t} | sizes for t in tokens),
+                    scalars=scalars if routing_scalars else {},
+                    source=source,
+                )
+            )
+    return tuple(out)
+
+
+# --- routing ------------------------------------------------------------------------------------
+
+
+def moe_topk_float(
+    router_logits,
+    top_k,
+    renormalize=True,
+    scoring="softmax",
+    num_expert_group=None,
+    topk_group=None,
+    correction_bias=None,
+    routed_scaling_factor=1.0,
+):
+    """(weights float32 [T, k], ids int32 [T, k]) from the definition, in float32."""
+    x = router_logits.float()
+    scores = torch.softmax(x, dim=-1) if scoring == "softmax" else torch.sigmoid(x)
+    keys = scores if correction_bias is None else scores + correction_bias.float()
+    if num_expert_group:
+        t, e = keys.shape
+        grouped = keys.view(t, num_expert_group, e // num_expert_group)
+        top2 = torch.sort(grouped, dim=-1, descending=True, stable=True).values[..., :2].sum(-1)
+        order = torch.sort(top2, dim=-1, descending=True, stable=True).indices[:, :topk_group]
+        keep = torch.zeros_like(top2, dtype=torch.bool).scatter_(1, order, True)
+        keep = keep.repeat_interleave(e // num_expert_group, dim=1)
+        keys = keys.masked_fill(~keep, -math.inf)
+    ids = torch.sort(keys, dim=-1, descending=True, stable=True).indices[:, :top_k]
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return (weights * routed_scaling_factor).float(), ids.to(torch.int32)
+
+
+def moe_topk_reference(
+    router_logits,
+    top_k,
+    renormalize,
+    scoring,
+    num_expert_group,
+    topk_group,
+    correction_bias,
+    routed_scaling_factor,
+):
+    w, i = moe_topk_float(
+        router_logits,
+        top_k,
+        renormalize,
+        scoring,
+        num_expert_group,
+        topk_group,
+        correction_bias,
+        routed_scaling_factor,
+    )
+    return {"topk_weights": w, "topk_ids": i}
+
+
+def _topk_inputs(t, axes, dtype, device, gen):
+    e = axes["num_experts"]
+    logits = torch.randn((axes["tokens"], e), generator=gen)
+    return {"router_logits": logits.to(device=device, dtype=getattr(torch, dtype)), "correction_bias": None}
+
+
+TOKENS = var("tokens routed in one call: decode batch size or prefill tokens")
+ROUTING_AXES = {
+    "tokens": TOKENS,
+    "num_experts": const(doc="routed experts"),
+    "top_k": const(doc="experts per token"),
+}
+
+MOE_TOPK = TraceTemplate(
+    name="moe_topk",
+    target="//ops:moe",
+    description="routing: softmax or sigmoid scores, plain or grouped (DeepSeek-V3) top-k, "
+    "renormalised weights times routed_scaling_factor",
+    axes=ROUTING_AXES,
+    inputs={
+        "router_logits": Tensor(("tokens", "num_experts")),
+        "top_k": Scalar("int64", axis="top_k"),
+        "renormalize": Scalar("bool", True, "divide the k weights by their sum"),
+        "scoring": Scalar("str", "softmax", "softmax or sigmoid"),
+        "num_expert_group": Scalar("int64", None, "grouped routing: groups (None: plain top-k)"),
+        "topk_group": Scalar("int64", None, "grouped routing: groups kept"),
+        "correction_bias": Tensor(("num_experts",), "float32", "added to the scores for selection only"),
+        "routed_scaling_factor": Scalar("float32", 1.0, "multiplies the weights last"),
+    },
+    outputs={
+        "topk_weights": Tensor(("tokens", "top_k"), "float32"),
+        "topk_ids": Tensor(("tokens", "top_k"), "int32"),
+    },
+    make_inputs=_topk_inputs,
+    reference=moe_topk_reference,
+    tolerance=ROUTING_TOLERANCE,
+    examples=_examples(False, routing_scalars=True),
+    small=({"tokens": 1}, {"tokens": 33}),
+)
+
+# --- data movement -------------------------------------------------------------------------------
+
+
+def random_ids(tokens, experts, top_k, gen, device="cpu"):
+    """Distinct experts per token, uniformly (int32 [tokens, top_k])."""
+    ids = torch.rand((tokens, experts), generator=gen).argsort(dim=1)[:, :top_k]
+    return ids.to(device=device, dtype=torch.int32)
+
+
+def moe_align_float(topk_ids, block_size, num_experts):
+    """vLLM's moe_align_block_size, with flat ids in ascending order within an expert."""
+    flat = topk_ids.reshape(-1).long().cpu()
+    n = flat.numel()
+    length = n + num_experts * (block_size - 1)
+    sorted_ids = torch.full((length,), n, dtype=torch.int32)
+    blocks = -(-length // block_size)
+    expert_ids = torch.full((blocks,), -1, dtype=torch.int32)
+    slot = 0
+    for e in range(num_experts):
+        mine = torch.nonzero(flat == e).flatten()
+        sorted_ids[slot : slot + mine.numel()] = mine.to(torch.int32)
+        padded = -(-mine.numel() // block_size) * block_size
+        expert_ids[slot // block_size : (slot + padded) // block_size] = e
+        slot += padded
+    dev = topk_ids.device
+    return sorted_ids.to(dev), expert_ids.to(dev), torch.tensor([slot], dtype=torch.int32, device=dev)
+
+
+def moe_align_reference(topk_ids, block_size, num_experts):
+    s, e, n = moe_align_float(topk_ids, block_size, num_experts)
+    return {"sorted_token_ids": s, "expert_ids": e, "num_tokens_post_padded": n}
+
+
+def _ids_inputs(t, axes, dtype, device, gen):
+    return {"topk_ids": random_ids(axes["tokens"], axes["num_experts"], axes["top_k"], gen, device)}
+
+
+MOE_ALIGN_BLOCK_SIZE = TraceTemplate(
+    name="moe_align_block_size",
+    target="//ops:moe",
+    description="vLLM's align: flat slot ids grouped by expert, each expert's run padded to "
+    "block_size with T*k; one expert id per block; the padded count",
+    axes=ROUTING_AXES | {"block_size": const(ALIGN_BLOCK, "rows per GEMM block")},
+    inputs={
+        "topk_ids": Tensor(("tokens", "top_k"), "int32"),
+        "block_size": Scalar("int64", axis="block_size"),
+        "num_experts": Scalar("int64", axis="num_experts"),
+    },
+    outputs={
+        "sorted_token_ids": Tensor(("tokens * top_k + num_experts * (block_size - 1)",), "int32"),
+        "expert_ids": Tensor(
+            ("(tokens * top_k + num_experts * (block_size - 1) + block_size - 1) // block_size",), "int32"
+        ),
+        "num_tokens_post_padded": Tensor(("1",), "int32"),
+    },
+    make_inputs=_ids_inputs,
+    reference=moe_align_reference,
+    tolerance=EXACT,
+    examples=_examples(False),
+    small=({"tokens": 1}, {"tokens": 33}),
+)
+
+
+def moe_permute_float(hidden_states, topk_ids, num_experts):
+    """(permuted [T*k, H], offs int32 [E], src_idx int32 [T*k]); rows past offs[-1]: 0 / -1."""
+    flat = topk_ids.reshape(-1).long()
+    n, k = flat.numel(), topk_ids.shape[1]
+    order = torch.sort(torch.where(flat < 0, num_experts, flat), stable=True).indices
+    routed = int((flat >= 0).sum())
+    src = torch.full((n,), -1, dtype=torch.int64, device=flat.device)
+    src[:routed] = order[:routed]
+    permuted = torch.zeros(
+        (n, hidden_states.shape[1]), dtype=hidden_states.dtype, device=hidden_states.device
+    )
+    permuted[:routed] = hidden_states[src[:routed] // k]
+    counts = torch.bincount(flat[flat >= 0], minlength=num_experts)
+    return permuted, counts.cumsum(0).to(torch.int32), src.to(torch.int32)
+
+
+def moe_permute_reference(hidden_states, topk_ids, num_experts):
+    p, o, s = moe_permute_float(hidden_states, topk_ids, num_experts)
+    return {"permuted": p, "offs": o, "src_idx": s}
+
+
+LAYER_AXES = {
+    "tokens": TOKENS,
+    "num_experts": var("routed experts"),
+    "top_k": var("experts per token"),
+    "hidden": var("hidden size H"),
+    "intermediate": var("each expert's intermediate size I"),
+}
+# CPU-sized layers for the template checks (a model's real layer is gigabytes of weights).
+LAYER_SMALL = (
+    {"tokens": 1, "num_experts": 4, "top_k": 2, "hidden": 64, "intermediate": 32},
+    {"tokens": 33, "num_experts": 6, "top_k": 2, "hidden": 40, "intermediate": 24},
+)
+
+MOE_PERMUTE = TraceTemplate(
+    name="moe_permute",
+    target="//ops:moe",
+    description="rows of hidden_states per routed slot, grouped by ascending expert (stable), with "
+    "torch._grouped_mm's offs and each row's flat slot index",
+    axes=ROUTING_AXES | {"hidden": const(doc="hidden size H")},
+    inputs={
+        "hidden_states": Tensor(("tokens", "hidden")),
+        "topk_ids": Tensor(("tokens", "top_k"), "int32"),
+        "num_experts": Scalar("int64", axis="num_experts"),
+    },
+    outputs={
+        "permuted": Tensor(("tokens * top_k", "hidden")),
+        "offs": Tensor(("num_experts",), "int32"),
+        "src_idx": Tensor(("tokens * top_k",), "int32"),
+    },
+    make_inputs=_ids_inputs,
+    reference=moe_permute_reference,
+    tolerance=EXACT,
+    examples=tuple(
+        Example(ex.name, ex.model, ex.phase, ex.consts | {"hidden": h}, ex.workloads, source=ex.source)
+        for ex, h in zip(_examples(False), [m[3] for m in MOE_MODELS for _ in (0, 1)], strict=True)
+    ),
+    small=({"tokens": 1}, {"tokens": 33}),
+)
+
+
+def moe_unpermute_float(permuted_rows, topk_weights, src_idx):
+    """out[t] = sum over rows r with src_idx[r] = t*k+j of topk_weights[t, j] * permuted_rows[r]."""
+    t, k = topk_weights.shape
+    out = torch.zeros((t, permuted_rows.shape[1]), dtype=torch.float32, device=permuted_rows.device)
+    src = src_idx.long()
+    used = src >= 0
+    rows = permuted_rows[used].float() * topk_weights.reshape(-1)[src[used]].float()[:, None]
+    out.index_add_(0, src[used] // k, rows)
+    return out
+
+
+def moe_unpermute_reference(permuted_rows, topk_weights, src_idx):
+    return {"out": moe_unpermute_float(permuted_rows, topk_weights, src_idx)}
+
+
+def _unpermute_inputs(t, axes, dtype, device, gen):
+    tokens, k = axes["tokens"], axes["top_k"]
+    ids = random_ids(tokens, axes["num_experts"], k, gen)
+    _, _, src = moe_permute_float(torch.zeros(tokens, 1), ids, axes["num_experts"])
+    weights = torch.rand((tokens, k), generator=gen)
+    return {"topk_weights": (weights / weights.sum(-1, keepdim=True)).to(device), "src_idx": src.to(device)}
+
+
+MOE_UNPERMUTE = TraceTemplate(
+    name="moe_unpermute",
+    target="//ops:moe",
+    description="the weighted scatter-add of the expert rows back to their tokens",
+    axes=ROUTING_AXES | {"hidden": const(doc="hidden size H")},
+    inputs={
+        "permuted_rows": Tensor(("tokens * top_k", "hidden")),
+        "topk_weights": Tensor(("tokens", "top_k"), "float32"),
+        "src_idx": Tensor(("tokens * top_k",), "int32"),
+    },
+    outputs={"out": Tensor(("tokens", "hidden"))},
+    options={"out": "a new tensor"},
+    make_inputs=_unpermute_inputs,
+    reference=moe_unpermute_reference,
+    tolerance={"bfloat16": (8e-3, 1e-5), "float16": (1e-3, 1e-5), "float32": (1e-5, 1e-6)},
+    examples=MOE_PERMUTE.examples,
+    small=({"tokens": 1}, {"tokens": 33}),
+)
+
+# --- the layer -------------------------------------------------------------------------------------
+
+
+def act_float(x, activation):
+    if activation == "silu":
+        return torch.nn.functional.silu(x)
+    return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+def dequantize(w, scale):
+    """fp8 weights [E, R, C] times per-expert [E] or 128 x 128 block [E, ceil(R/128), ceil(C/128)]
+    scales, in float32 (None: w as float32)."""
+    w = w.float()
+    if scale is None:
+        return w
+    scale = scale.float()
+    if scale.dim() == 1:
+        return w * scale[:, None, None]
+    full = scale.repeat_interleave(128, dim=1).repeat_interleave(128, dim=2)
+    return w * full[:, : w.shape[1], : w.shape[2]]
+
+
+def fused_moe_float(
+    hidden_states,
+    w13,
+    w2,
+    topk_weights,
+    topk_ids,
+    activation="silu",
+    w13_scale=None,
+    w2_scale=None,
+    up_first=False,
+):
+    """sum_j topk_weights[t, j] * w2[e] (act(gate) * up) over the k experts e = topk_ids[t, j]
+    (-1: none), float32, one expert at a time. w13 [E, 2I, H] gate rows first (up first when
+    up_first, FlashInfer's fc1)."""
+    t, _ = hidden_states.shape
+    e_count, two_i, _ = w13.shape
+    i = two_i // 2
+    x = hidden_states.float()
+    out = torch.zeros((t, w2.shape[1]), dtype=torch.float32, device=x.device)
+    ids = topk_ids.long()
+    for e in range(e_count):
+        tok, slot = torch.nonzero(ids == e, as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        w1e = dequantize(w13[e : e + 1], None if w13_scale is None else w13_scale[e : e + 1])[0]
+        w2e = dequantize(w2[e : e + 1], None if w2_scale is None else w2_scale[e : e + 1])[0]
+        h = x[tok] @ w1e.t()
+        gate, up = (h[:, i:], h[:, :i]) if up_first else (h[:, :i], h[:, i:])
+        y = (act_float(gate, activation) * up) @ w2e.t()
+        out.index_add_(0, tok, y * topk_weights[tok, slot].float()[:, None])
+    return out
+
+
+def fused_moe_reference(hidden_states, w13, w2, topk_weights, topk_ids):
+    return {"out": fused_moe_float(hidden_states, w13, w2, topk_weights, topk_ids)}
+
+
+def cutlass_fused_moe_reference(
+    input, token_selected_experts, token_final_scales, fc1_expert_weights, fc2_expert_weights, output_dtype
+):
+    return {
+        "out": fused_moe_float(
+            input,
+            fc1_expert_weights,
+            fc2_expert_weights,
+            token_final_scales,
+            token_selected_experts,
+            up_first=True,
+        )
+    }
+
+
+def layer_weights(e, h, i, dtype, device, gen):
+    """w13 [E, 2I, H] ~ N(0, 1/H) and w2 [E, H, I] ~ N(0, 1/I): gate, up and the output ~N(0, 1)."""
+    device = torch.device(device)
+    local = gen
+    if device.type == "cuda":
+        local = torch.Generator(device=device).manual_seed(int(torch.randint(2**62, (1,), generator=gen)))
+    w13 = torch.randn((e, 2 * i, h), generator=local, device=device) / math.sqrt(h)
+    w2 = torch.randn((e, h, i), generator=local, device=device) / math.sqrt(i)
+    return w13.to(dtype), w2.to(dtype)
+
+
+def _layer_inputs(names):
+    x_name, ids_name, w_name, w13_name, w2_name = names
+
+    def make(t, axes, dtype, device, gen):
+        tokens, e, k = axes["tokens"], axes["num_experts"], axes["top_k"]
+        dt = getattr(torch, dtype)
+        w13, w2 = layer_weights(e, axes["hidden"], axes["intermediate"], dt, device, gen)
+        weights = torch.rand((tokens, k), generator=gen)
+        return {
+            x_name: torch.randn((tokens, axes["hidden"]), generator=gen).to(device=device, dtype=dt),
+            ids_name: random_ids(tokens, e, k, gen, device),
+            w_name: (weights / weights.sum(-1, keepdim=True)).to(device),
+            w13_name: w13,
+            w2_name: w2,
+        }
+
+    return make
+
+
+FUSED_MOE = TraceTemplate(
+    name="fused_moe",
+    target="//ops:moe",
+    description="the MoE layer: sum_j w_j * w2[e_j] (act(gate) * up), w13 gate rows first (vLLM)",
+    axes=LAYER_AXES,
+    inputs={
+        "hidden_states": Tensor(("tokens", "hidden")),
+        "w13": Tensor(("num_experts", "intermediate * 2", "hidden")),
+        "w2": Tensor(("num_experts", "hidden", "intermediate")),
+        "topk_weights": Tensor(("tokens", "top_k"), "float32"),
+        "topk_ids": Tensor(("tokens", "top_k"), "int32"),
+    },
+    outputs={"out": Tensor(("tokens", "hidden"))},
+    options={
+        "activation": "silu (the workloads' models)",
+        "w13_scale": "fp8 weights only",
+        "w2_scale": "fp8 weights only",
+        "out": "a new tensor",
+    },
+    make_inputs=_layer_inputs(("hidden_states", "topk_ids", "topk_weights", "w13", "w2")),
+    reference=fused_moe_reference,
+    tolerance=LAYER_TOLERANCE,
+    examples=_examples(True),
+    small=LAYER_SMALL,
+)
+
+CUTLASS_FUSED_MOE = TraceTemplate(
+    name="cutlass_fused_moe",
+    target="//ops:moe",
+    description="FlashInfer's cutlass_fused_moe: the MoE layer with fc1 up rows first (w31)",
+    axes=LAYER_AXES,
+    inputs={
+        "input": Tensor(("tokens", "hidden")),
+        "token_selected_experts": Tensor(("tokens", "top_k"), "int32"),
+        "token_final_scales": Tensor(("tokens", "top_k"), "float32"),
+        "fc1_expert_weights": Tensor(("num_experts", "intermediate * 2", "hidden")),
+        "fc2_expert_weights": Tensor(("num_experts", "hidden", "intermediate")),
+        "output_dtype": Scalar("dtype", None, "the input's dtype"),
+    },
+    outputs={"out": Tensor(("tokens", "hidden"))},
+    options={"quant_scales": "fp8 weights only", "output": "a new tensor"},
+    make_inputs=_layer_inputs(
+        ("input", "token_selected_experts", "token_final_scales", "fc1_expert_weights", "fc2_expert_weights")
+    ),
+    reference=cutlass_fused_moe_reference,
+    tolerance=LAYER_TOLERANCE,
+    examples=_examples(True),
+    small=LAYER_SMALL,
+)
