@@ -18,5 +18,8 @@ Status gather(const GatherParams& p, LaunchContext ctx) {
 Status unpermute(const UnpermuteParams& p, LaunchContext ctx) {
   return launch_unpermute<spec::dtype>(p, ctx);
 }
+Status experts(const ExpertsParams& p, LaunchContext ctx) {
+  return launch_experts<spec::dtype>(p, ctx);
+}
 
 }  // namespace kiln::moe

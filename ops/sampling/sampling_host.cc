@@ -2,7 +2,8 @@
 // algorithm as the CUDA kernels, step for step, on the calling thread: the same radix levels and
 // histograms (so the same thresholds), the same integer weights, the same Philox draws, so a
 // seed gives the CUDA backend's tokens (the weights of logits use portable_exp, identical on both;
-// softmax and the renormalised probabilities are float sums in another order, equal to rounding).
+// softmax and the renormalised probabilities are sums in another order: here in double, in the
+// kernels a float32 tree, so the two agree to ~1e-6 relative, the tree's rounding).
 // Indices are checked before anything is written. Copied into the specialisation's generated
 // directory, next to its spec_config.h.
 #include <algorithm>
@@ -208,10 +209,10 @@ Status sample_rows(const RowParams& p, LaunchContext) {
     }
     if (p.output == Output::kSoftmax) {
       float* out = static_cast<float*>(p.out) + r * p.out_stride;
-      float z = 0.0f;
+      double z = 0.0;  // (a float sum of 128256 terms in order drifts ~1e-4 from the kernels' tree)
       for (int64_t i = 0; i < p.vocab; ++i) z += softmax_numerator(row.value(i), row.vmax, row.temperature);
       for (int64_t i = 0; i < p.vocab; ++i) {
-        out[i] = z > 0.0f ? softmax_numerator(row.value(i), row.vmax, row.temperature) / z : 0.0f;
+        out[i] = z > 0.0 ? static_cast<float>(softmax_numerator(row.value(i), row.vmax, row.temperature) / z) : 0.0f;
       }
       continue;
     }
@@ -252,7 +253,7 @@ Status sample_rows(const RowParams& p, LaunchContext) {
           weight_known, u);
       write_sample(p, r, token);
     } else if (p.output == Output::kProbs) {
-      float sum = 0.0f;
+      double sum = 0.0;  // in double, as the softmax's
       for (int64_t i = 0; i < p.vocab; ++i) {
         const float v = row.value(i);
         if (key_of(v, false) >= keep && valid_value(v, false)) sum += v;
@@ -260,7 +261,7 @@ Status sample_rows(const RowParams& p, LaunchContext) {
       float* out = static_cast<float*>(p.out) + r * p.out_stride;
       for (int64_t i = 0; i < p.vocab; ++i) {
         const float v = row.value(i);
-        out[i] = (valid_value(v, false) && key_of(v, false) >= keep && sum > 0.0f) ? v / sum : 0.0f;
+        out[i] = (valid_value(v, false) && key_of(v, false) >= keep && sum > 0.0) ? static_cast<float>(v / sum) : 0.0f;
       }
     } else {  // kMaskedLogits
       T* out = static_cast<T*>(p.out) + r * p.out_stride;

@@ -56,11 +56,30 @@ def test_every_declared_family_compiles(tmp_path, label):
                      for f in arch_families(graph, target))
     md, lib = _build(tmp_path, label, archs)
     assert sorted(md.archs) == sorted(str(a) for a in parse_arch_list(archs))
+    # Every kiln entry point the binding calls is defined in the module: an undefined one (a
+    # declaration in <family>.h with no definition in the CUDA units) only shows when a GPU
+    # machine loads it, so it is checked here, where the CUDA module is built without one.
+    assert _undefined_kiln_symbols(lib) == [], f"{label}: undefined in {lib.name}"
     if cuobjdump():
         listing = subprocess.run([cuobjdump(), "--list-elf", str(lib)], capture_output=True,
                                  text=True, check=True).stdout
         for a in parse_arch_list(archs):
             assert f".sm_{a.sm}." in listing, listing
+
+
+def _undefined_kiln_symbols(lib) -> list[str]:
+    dynamic = subprocess.run(["nm", "-D", "--undefined-only", "-C", str(lib)], capture_output=True,
+                             text=True, check=True).stdout
+    return [line.split(None, 1)[-1] for line in dynamic.splitlines() if "kiln::" in line]
+
+
+def test_the_undefined_symbol_check_can_fail(tmp_path):
+    """A shared library that calls a kiln:: function it does not define is caught."""
+    src = tmp_path / "lib.cc"
+    src.write_text("namespace kiln { int missing(int); }\nint use(int x) { return kiln::missing(x); }\n")
+    lib = tmp_path / "lib.so"
+    subprocess.run(["g++", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    assert _undefined_kiln_symbols(lib) == ["kiln::missing(int)"]
 
 
 def _hgmma_count(lib) -> int:
