@@ -29,7 +29,6 @@ from __future__ import annotations
 import torch
 
 from kiln.runtime import env
-from kiln.runtime.triton_module import NoCudaContext
 
 from . import _jit, autotuner, errors
 from ._ops import custom_op
@@ -626,23 +625,23 @@ def _launch_triton(kernel, out, a, b, offs) -> None:
         "stride_om": out.stride(0), "stride_on": out.stride(1),
     }
     args = [values[p] for p in kernel.params]  # a fast kernel has fewer (its unit strides are constexprs)
-    device = a.device
-    stream = _jit.stream_of(device)
-    if device.index is None or device.index == torch.cuda.current_device():
-        try:
-            kernel(grid, *args, stream=stream)
-            return
-        except NoCudaContext:  # a thread that never touched the GPU: make its context current
-            pass
-    with torch.cuda.device(device):  # cudaSetDevice makes a's device's primary context current
-        kernel(grid, *args, stream=stream)
+    # In a's device's primary context, whatever the thread has current (none in a thread that
+    # never touched the GPU: torch.cuda.device(0) there binds nothing, as cudaGetDevice says 0).
+    kernel(grid, *args, stream=_jit.stream_of(a.device), device=a.device.index)
 
 
 @custom_op("grouped_gemm_triton", mutates=("out",))
-def _grouped_triton_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> None:
+def _grouped_triton_op(
+    out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, bounds: torch.Tensor
+) -> None:
     """grouped_mm on the triton backend: one launch of the fast kernel for the call's layout (for
     kmajor the tuned config, else the default) or of the fallback, with the grid of
-    ops/gemm/grouped_triton.py; offs is int32 on a's device."""
+    ops/gemm/grouped_triton.py; offs is int32 on a's device, bounds the caller's offs (int32 or
+    int64, what KILN_VALIDATE_INDICES=1 checks). Everything past the Python API's checks happens
+    here, inside the custom op, so torch.compile never traces it: the environment read (a lock
+    on first use), the host check of offs (a sync), the module lookup and the driver launch."""
+    if env.get("KILN_VALIDATE_INDICES"):
+        _check_offs_now("kiln.grouped_mm", bounds, a.shape[0])
     device = a.device
     mod = _jit.triton_module(GROUPED, device, "kiln.grouped_mm", dtype=a.dtype, names={"dtype": "a.dtype"})
     if a.shape[0] == 0 or b.shape[2] == 0:
@@ -745,9 +744,7 @@ def grouped_mm(
             if size > _INT32_MAX:
                 raise ValueError(f"{api}: backend='triton' needs {name} <= {_INT32_MAX}, got {size}")
         offs32 = bounds if bounds.dtype == torch.int32 else bounds.clamp(-1, _INT32_MAX).to(torch.int32)
-        if env.get("KILN_VALIDATE_INDICES"):
-            _check_offs_now(api, bounds, a.shape[0])
-        _grouped_triton_op(out, a, b, offs32)
+        _grouped_triton_op(out, a, b, offs32, bounds)  # (KILN_VALIDATE_INDICES is read in there)
         return out
     _grouped_op(out, a, b, bounds, True, None)
     return out

@@ -480,3 +480,134 @@ def test_the_launcher_refuses_an_argument_that_breaks_a_16_hint(toy, ws, monkeyp
         k((1,), 0x1002, 64, 1.0)
     with pytest.raises(ValueError, match=r"argument n = 65 must be a multiple of 16"):
         k((1,), 0x1000, 65, 1.0)
+
+
+class _StandInDriver:
+    """The driver calls of the launch path, with contexts as the real driver keeps them: a stack
+    per thread, empty in a thread that never touched the GPU (the H200 failure: a fresh thread's
+    launch found no context). It records which context each module load and launch ran in."""
+
+    PRIMARY = {0: 0x1000, 1: 0x2000}
+    DEVICE_OF = {v: k for k, v in PRIMARY.items()}
+    INVALID_CONTEXT = 201
+
+    def __init__(self):
+        import threading
+
+        self._tls = threading.local()
+        self.events = []
+
+    def stack(self) -> list:
+        if not hasattr(self._tls, "stack"):
+            self._tls.stack = []
+        return self._tls.stack
+
+    def current(self) -> int:
+        return self.stack()[-1] if self.stack() else 0
+
+    def cuInit(self, flags):
+        return 0
+
+    def cuDeviceGet(self, ref, ordinal):
+        ref._obj.value = ordinal
+        return 0
+
+    def cuDevicePrimaryCtxRetain(self, ref, dev):
+        dev = getattr(dev, "value", dev)  # (ctypes objects: the real functions convert them)
+        self.events.append(("retain", dev))
+        ref._obj.value = self.PRIMARY[dev]
+        return 0
+
+    def cuCtxGetCurrent(self, ref):
+        ref._obj.value = self.current() or None
+        return 0
+
+    def cuCtxPushCurrent(self, ctx):
+        self.stack().append(ctx)
+        return 0
+
+    def cuCtxPopCurrent(self, ref):
+        ref._obj.value = self.stack().pop()
+        return 0
+
+    def cuCtxGetDevice(self, ref):
+        if not self.current():
+            return self.INVALID_CONTEXT
+        ref._obj.value = self.DEVICE_OF[self.current()]
+        return 0
+
+    def cuDeviceGetAttribute(self, ref, attr, dev):
+        ref._obj.value = {75: 9, 76: 0}[attr]
+        return 0
+
+    def cuModuleLoadData(self, ref, data):
+        self.events.append(("load", self.current()))
+        ref._obj.value = 0x77
+        return 0
+
+    def cuModuleGetFunction(self, ref, mod, name):
+        ref._obj.value = 0xF000 + self.current() // 0x1000  # a function is a context's own
+        return 0
+
+    def cuFuncSetAttribute(self, fn, attr, value):
+        return 0
+
+    def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, argv, extra):
+        if not self.current() or fn != 0xF000 + self.current() // 0x1000:
+            return self.INVALID_CONTEXT  # (the real driver's answer to a function of no context)
+        self.events.append(("launch", self.current(), stream))
+        return 0
+
+    def cuGetErrorName(self, rc, ref):
+        return 0
+
+
+def test_the_launcher_binds_the_devices_primary_context_in_any_thread(toy, ws, monkeypatch):
+    """launcher(..., device=i) from a thread with no current context (and from one with another
+    device's) loads and launches in device i's primary context, retained once, and leaves the
+    thread's current context as it found it; without device= such a thread gets NoCudaContext.
+    The threads run one after another: the stand-in driver is the GPU."""
+    import threading
+
+    from kiln.runtime import triton_module
+    from kiln.runtime.triton_module import NoCudaContext
+
+    stand = _StandInDriver()
+    monkeypatch.setattr(triton_module, "driver", lambda: stand)
+    monkeypatch.setattr(triton_module, "_fast", {})
+    monkeypatch.setattr(triton_module, "_primaries", {})
+    k = jit.load(toy_triton_spec(toy), BOTH).kernel("toy_fill")
+    results = {}
+
+    def in_a_thread(name, work):
+        def run():
+            try:
+                results[name] = work()
+            except Exception as e:  # noqa: BLE001 - checked below
+                results[name] = e
+
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+        return results[name]
+
+    def fresh():  # a thread that never touched the GPU, twice
+        k((2,), 0x1000, 100, 1.0, stream=7, device=1)
+        k((2,), 0x1000, 100, 1.0, stream=7, device=1)
+        return list(stand.stack())
+
+    assert in_a_thread("fresh", fresh) == []  # nothing left current
+    assert stand.events == [("retain", 1), ("load", 0x2000), ("launch", 0x2000, 7), ("launch", 0x2000, 7)]
+
+    def on_device_0():  # a thread whose current context is device 0's primary
+        stand.cuCtxPushCurrent(stand.PRIMARY[0])
+        k((1,), 0x1000, 100, 1.0, stream=8, device=1)  # device 1's: bound for the call
+        k((1,), 0x1000, 100, 1.0, stream=9, device=0)  # its own: no switch
+        return list(stand.stack())
+
+    del stand.events[:]
+    assert in_a_thread("dev0", on_device_0) == [0x1000]
+    assert stand.events == [("launch", 0x2000, 8), ("retain", 0), ("load", 0x1000), ("launch", 0x1000, 9)]
+
+    err = in_a_thread("none", lambda: k((1,), 0x1000, 100, 1.0))
+    assert isinstance(err, NoCudaContext), err

@@ -17,9 +17,16 @@ passed as integers (a tensor's data_ptr()), the caller (the op's Python API) hav
 shapes, dtypes and devices. The argument buffers are built once per launcher and only their
 values change per call: the host cost is one ctypes call plus one store per argument
 (benchmarks/triton_overhead.py measures it against an nvcc module of the same arity). An
-argument compiled with a ":16" hint is checked to be a multiple of 16 before the launch. A thread
-with no current CUDA context gets NoCudaContext (the op makes its device's context current, and
-retries).
+argument compiled with a ":16" hint is checked to be a multiple of 16 before the launch.
+
+Contexts: `launcher(..., device=i)` (what kiln's ops pass: the tensors' device index) launches in
+device i's primary context, the one torch and the CUDA runtime use, whatever the calling thread
+has current. The primary context is retained once per device (cuDevicePrimaryCtxRetain, held for
+the process's life); each call reads the current context (cuCtxGetCurrent, the launcher's lookup
+key anyway) and, when it is not that one (a thread that never touched the GPU has none; another
+device's), pushes the primary context for the module load and the launch and pops it after, so the
+caller's current context, and so torch's current device, are left as they were. Without `device`
+the launch goes to the current context, and a thread with none gets NoCudaContext.
 """
 
 from __future__ import annotations
@@ -234,6 +241,11 @@ def driver() -> ctypes.CDLL:
             lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
             lib.cuCtxGetDevice.argtypes = [ctypes.POINTER(ctypes.c_int)]
             lib.cuDeviceGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]
+            lib.cuInit.argtypes = [ctypes.c_uint]
+            lib.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+            lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+            lib.cuCtxPushCurrent.argtypes = [ctypes.c_void_p]
+            lib.cuCtxPopCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
             _driver = lib
     return _driver
 
@@ -254,7 +266,8 @@ def _current_context() -> tuple[int, Arch]:
     check(lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
     if not ctx.value:
         raise NoCudaContext(
-            "no current CUDA context: initialise the device first (torch does on its first CUDA tensor)"
+            "no current CUDA context in this thread: launch with device=<index> (kiln's ops do: "
+            "the tensors' device's primary context is bound for the call) or make a context current"
         )
     dev = ctypes.c_int()
     check(lib.cuCtxGetDevice(ctypes.byref(dev)), "cuCtxGetDevice")
@@ -262,6 +275,49 @@ def _current_context() -> tuple[int, Arch]:
     check(lib.cuDeviceGetAttribute(ctypes.byref(major), 75, dev.value), "cuDeviceGetAttribute")
     check(lib.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev.value), "cuDeviceGetAttribute")
     return ctx.value, Arch(major.value, minor.value)
+
+
+_primaries: dict[int, int] = {}  # device ordinal -> its primary context, retained once
+_primary_lock = threading.Lock()
+
+
+def primary_context(device: int) -> int:
+    """Device `device`'s primary context (the CUDA runtime's and torch's), retained on first use
+    and kept for the life of the process (torch holds it too)."""
+    got = _primaries.get(device)
+    if got is None:
+        with _primary_lock:
+            got = _primaries.get(device)
+            if got is None:
+                lib = driver()
+                check(lib.cuInit(0), "cuInit")
+                dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+                check(lib.cuDeviceGet(ctypes.byref(dev), device), f"cuDeviceGet({device})")
+                check(
+                    lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev),
+                    f"cuDevicePrimaryCtxRetain(device {device})",
+                )
+                if not ctx.value:
+                    raise CudaDriverError(f"cuDevicePrimaryCtxRetain(device {device}) gave no context")
+                got = _primaries[device] = ctx.value
+    return got
+
+
+class _Bound:
+    """`with _Bound(ctx):` makes `ctx` the calling thread's current context and restores the
+    previous one (none included) on exit."""
+
+    __slots__ = ("ctx",)
+
+    def __init__(self, ctx: int):
+        self.ctx = ctx
+
+    def __enter__(self) -> None:
+        check(driver().cuCtxPushCurrent(self.ctx), "cuCtxPushCurrent")
+
+    def __exit__(self, *exc) -> None:
+        popped = ctypes.c_void_p()
+        check(driver().cuCtxPopCurrent(ctypes.byref(popped)), "cuCtxPopCurrent")
 
 
 class TritonKernel:
@@ -323,9 +379,11 @@ class TritonKernel:
                 got = self._functions[ctx] = (fn.value, cubin)
         return got
 
-    def __call__(self, grid: tuple[int, ...], *args, stream: int = 0) -> None:
+    def __call__(self, grid: tuple[int, ...], *args, stream: int = 0, device: int | None = None) -> None:
         """Launch on `grid` ((x,), (x, y) or (x, y, z)) with `args` in the kernel's parameter
-        order (pointers as integers) on CUDA stream handle `stream`. An argument compiled as a
+        order (pointers as integers) on CUDA stream handle `stream` (a stream of `device`'s
+        primary context, as torch's are), in device `device`'s primary context (None: the
+        calling thread's current context; see the module docstring). An argument compiled as a
         multiple of 16 (":16" in its signature) that is not one is a ValueError, never a launch."""
         if len(args) != self._n:
             raise TypeError(
@@ -337,7 +395,14 @@ class TritonKernel:
                     f"{self.entry}: argument {name} = {args[i]} must be a multiple of {multiple} (the "
                     "kernel was compiled assuming it); the caller must pick an unaligned variant"
                 )
-        fn, cubin = self._functions.get(_ctx_cached()) or self.function()
+        ctx = _ctx_cached()
+        if device is not None:
+            primary = _primaries.get(device) or primary_context(device)
+            if ctx != primary:  # none current (a thread that never touched the GPU), or another
+                with _Bound(primary):
+                    self(grid, *args, stream=stream, device=None)
+                return
+        fn, cubin = self._functions.get(ctx) or self.function()
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
         if gx <= 0 or gy <= 0 or gz <= 0:
             return  # an empty grid launches nothing (cuLaunchKernel would refuse it)
@@ -349,8 +414,7 @@ class TritonKernel:
             check(rc, f"cuLaunchKernel({cubin.name})")
 
 
-_ctx_handle = ctypes.c_void_p()
-_ctx_ref = ctypes.byref(_ctx_handle)
+_tls = threading.local()  # per thread: the buffer cuCtxGetCurrent writes (ctypes drops the GIL)
 
 
 _fast: dict = {}  # the two driver entry points of the hot path, bound once
@@ -368,5 +432,11 @@ def _ctx_cached() -> int:
     fn = _fast.get("ctx")
     if fn is None:
         fn = _fast["ctx"] = driver().cuCtxGetCurrent
-    fn(_ctx_ref)
-    return _ctx_handle.value or 0
+    try:
+        handle, ref = _tls.ctx
+    except AttributeError:
+        handle = ctypes.c_void_p()
+        ref = ctypes.byref(handle)
+        _tls.ctx = (handle, ref)
+    fn(ref)
+    return handle.value or 0

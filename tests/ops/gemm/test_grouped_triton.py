@@ -204,6 +204,62 @@ def test_grouped_mm_triton_under_torch_compile():
     close(f(a, b, offs), ref.grouped_mm_reference_float(a, b, offs, torch.float64), BF16)
 
 
+@pytest.mark.parametrize("validate", [False, True])
+def test_torch_compile_fullgraph_reaches_the_triton_custom_op_on_cuda_tensors(validate, kiln_env):
+    """torch.compile(fullgraph=True) over grouped_mm(backend="triton") with no GPU: dynamo traces
+    fake CUDA tensors, and the graph must hold the one custom op kiln::grouped_gemm_triton (run
+    here as its fake implementation) with nothing of the launch path traced. The environment is
+    unread when the trace starts (reading it takes a lock, which dynamo cannot trace: the H200
+    failure), and KILN_VALIDATE_INDICES=1 (its host check of offs is a sync) must not break the
+    graph either: both are read inside the op."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    a, b, offs = operands([3, 0, 5], 8, 16, BF16, "cpu", 21)
+    kiln.grouped_mm(a, b, offs, backend="triton")  # imports whatever the call imports lazily
+    if validate:
+        kiln_env.set("KILN_VALIDATE_INDICES", "1")
+    kiln.runtime.env.reload()
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    f = torch.compile(
+        lambda a, b, o: kiln.grouped_mm(a, b, o, backend="triton"), fullgraph=True, backend=capture
+    )
+    with FakeTensorMode():
+        fa = torch.empty(96, 64, dtype=BF16, device="cuda")
+        fb = torch.empty(3, 128, 64, dtype=BF16, device="cuda").transpose(1, 2)
+        fo = torch.empty(3, dtype=torch.int64, device="cuda")
+        got = f(fa, fb, fo)
+    torch._dynamo.reset()
+    assert got.shape == (96, 128) and got.device.type == "cuda" and got.dtype == BF16
+    (gm,) = graphs
+    calls = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    ops = [t for t in calls if isinstance(t, torch._ops.OpOverload) and t.namespace == "kiln"]
+    assert ops == [torch.ops.kiln.grouped_gemm_triton.default], calls
+
+
+def test_the_triton_op_checks_offs_under_validate_indices(kiln_env, monkeypatch):
+    """KILN_VALIDATE_INDICES=1 is honoured inside the custom op: a bad offs is an IndexError naming
+    the entry (the caller's int64 value, not its int32 copy) before any module lookup."""
+    from kiln import gemm
+
+    def no_lookup(*args, **kwargs):
+        raise AssertionError("the module was looked up before offs were checked")
+
+    monkeypatch.setattr(gemm._jit, "triton_module", no_lookup)
+    kiln_env.set("KILN_VALIDATE_INDICES", "1")
+    a, b, _ = operands([4, 4], 8, 16, BF16, "cpu", 22)
+    out = torch.empty(8, 8, dtype=BF16)
+    bounds = torch.tensor([4, 2**31 + 3], dtype=torch.int64)
+    offs32 = bounds.clamp(-1, 2**31 - 1).to(torch.int32)
+    with pytest.raises(IndexError, match=r"offs\[1\] = 2147483651 is out of range"):
+        gemm._grouped_triton_op.eager(out, a, b, offs32, bounds)
+
+
 def test_the_kernels_logic_under_tritons_cpu_interpreter():
     """The grouped kernel itself, run by Triton's interpreter on the CPU (float32): group lookup,
     tiles, masks and the clamping of bad offs, against the float64 reference."""
@@ -368,14 +424,14 @@ def test_the_layout_choice_and_the_launch_arguments_on_cpu_tensors():
         constexprs = {"BLOCK_M": 64, "BLOCK_N": 128}
         calls = []
 
-        def __call__(self, grid, *args, stream):
-            self.calls.append((grid, args, stream))
+        def __call__(self, grid, *args, stream, device):
+            self.calls.append((grid, args, stream, device))
 
     offs = torch.tensor([10, 60, 60, 100], dtype=torch.int32)
     k = Stand()
     gemm._launch_triton(k, out, a, kmajor_b, offs)
-    ((grid, args, stream),) = k.calls
-    assert grid == (2 + 4, 1) and stream == 0
+    ((grid, args, stream, device),) = k.calls
+    assert grid == (2 + 4, 1) and stream == 0 and device is None
     assert args == (
         a.data_ptr(),
         kmajor_b.data_ptr(),
@@ -390,6 +446,37 @@ def test_the_layout_choice_and_the_launch_arguments_on_cpu_tensors():
         64,
         128,
     )
+
+
+def test_the_launch_names_the_tensors_device(monkeypatch):
+    """_launch_triton launches in a's device's context (device=a.device.index: the launcher binds
+    its primary context) on that device's current stream, whatever the thread's current device."""
+    from kiln import gemm
+
+    class OnCuda1:  # a CPU tensor that says it lives on cuda:1
+        def __init__(self, t):
+            self.t = t
+            self.device = torch.device("cuda", 1)
+
+        def __getattr__(self, name):
+            return getattr(self.t, name)
+
+    seen = []
+
+    class Stand:
+        params = ["a", "rows"]
+        constexprs = {"BLOCK_M": 16, "BLOCK_N": 16}
+
+        def __call__(self, grid, *args, stream, device):
+            seen.append((args, stream, device))
+
+    monkeypatch.setattr(gemm._jit, "stream_of", lambda d: 0x51 if d == torch.device("cuda", 1) else -1)
+    a = torch.empty(20, 32, dtype=BF16)
+    b = OnCuda1(torch.empty(2, 32, 16, dtype=BF16))
+    gemm._launch_triton(
+        Stand(), OnCuda1(torch.empty(20, 16, dtype=BF16)), OnCuda1(a), b, torch.tensor([5, 20])
+    )
+    assert seen == [((a.data_ptr(), 20), 0x51, 1)]
 
 
 @gpu
@@ -413,3 +500,34 @@ def test_grouped_mm_triton_from_a_fresh_thread():
     t.join()
     assert errors == []
     close(out, ref.grouped_mm_reference_float(a, b, offs, torch.float64), BF16)
+
+
+def test_the_overhead_benchmarks_reference_check():
+    """benchmarks/triton_overhead.py's check on CPU tensors (both backends run the host backend
+    there): it passes on a right answer, and fails naming the backend when one writes nothing (out
+    is refilled with NaN per backend) or writes a wrong answer. On the GPU it compared a host copy
+    with the reference on the device; it now copies both sides to the host."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "triton_overhead.py"
+    spec = importlib.util.spec_from_file_location("triton_overhead", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    a, b, offs = operands([7, 0, 12], 24, 40, BF16, "cpu", 31)
+    out = torch.empty(19, 24, dtype=BF16)
+    bench.check_reference(a, b, offs, out)
+    assert not out.isnan().any()
+
+    def triton_writes_nothing(a, b, offs, out, backend):
+        return out if backend == "triton" else kiln.grouped_mm(a, b, offs, out=out, backend=backend)
+
+    with pytest.raises(AssertionError, match="backend=triton"):
+        bench.check_reference(a, b, offs, out, run=triton_writes_nothing)
+
+    def cuda_is_off_by_a_bit(a, b, offs, out, backend):
+        got = kiln.grouped_mm(a, b, offs, out=out, backend=backend)
+        return got + 0.1 if backend == "cuda" else got
+
+    with pytest.raises(AssertionError, match="backend=cuda"):
+        bench.check_reference(a, b, offs, out, run=cuda_is_off_by_a_bit)
