@@ -224,6 +224,7 @@ class MultiLevelCascadeAttentionWrapper:
 
     begin_forward = plan
 
+    @logged_api
     def run(self, q: torch.Tensor, paged_kv_cache) -> torch.Tensor:
         """out [total_q, num_qo_heads, head_dim]: the last level's attention state merged with
         every other level's, in level order after it."""
