@@ -100,9 +100,6 @@ def merge_states(v: torch.Tensor, s: torch.Tensor):
 
 # --- MultiLevelCascadeAttentionWrapper ------------------------------------------------------------
 
-# A prefill level runs as one CTA per (item of this many queries, query head) on a GPU; a level
-# with fewer CTAs than the GPU has SMs is cut along its keys (below).
-_QUERIES_PER_ITEM = 128
 _HOST_SMS = 132  # the CPU backend plans as an H200 would, so CPU tests run the GPU's schedule
 
 
@@ -113,12 +110,13 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def key_splits(qo_len: torch.Tensor, pages: torch.Tensor, num_qo_heads: int, sms: int) -> int:
+def key_splits(qo_len: torch.Tensor, pages: torch.Tensor, num_qo_heads: int, sms: int,
+               queries_per_item: int) -> int:
     """Into how many key ranges each request of a non-causal prefill level is cut: as many as
-    still fit the level in one wave of `sms` SMs (one CTA per item of 128 queries and query head,
-    one CTA an SM), at most the fewest pages any request has (every range keeps a page). 1 leaves
-    the level whole."""
-    ctas = int(((qo_len + _QUERIES_PER_ITEM - 1) // _QUERIES_PER_ITEM).sum()) * num_qo_heads
+    still fit the level in one wave of `sms` SMs (one CTA per work item of the prefill module's
+    `queries_per_item` queries and query head, one CTA an SM), at most the fewest pages any
+    request has (every range keeps a page). 1 leaves the level whole."""
+    ctas = int(((qo_len + queries_per_item - 1) // queries_per_item).sum()) * num_qo_heads
     if ctas == 0 or pages.numel() == 0:
         return 1
     return max(1, min(sms // ctas, int(pages.min())))
@@ -272,7 +270,13 @@ class _Level:
                    window_left=window_left, **common)
             return _Level(w, 1, None, None)
         pages = indptr_h[1:] - indptr_h[:-1]
-        splits = 1 if causal else key_splits(qo_len, pages, num_qo_heads, _sm_count(device))
+        if causal:
+            splits = 1
+        else:  # the prefill module's work item, as its plan will cut the level
+            module = _jit.module(_attention.PREFILL, device, api, head_dim=head_dim,
+                                 dtype=_attention.as_dtype(common["q_data_type"], torch.float16),
+                                 soft_cap=common["logits_soft_cap"] is not None)
+            splits = key_splits(qo_len, pages, num_qo_heads, _sm_count(device), module.queries_per_item)
         w = BatchPrefillWithPagedKVCacheWrapper(owner._workspace, owner._kv_layout, backend=owner._backend)
         if splits == 1:
             w.plan(qo_h.to(torch.int32), kv_indptr, kv_indices, last_page_len, num_qo_heads, num_kv_heads,

@@ -128,10 +128,10 @@ def test_one_level_is_plain_paged_attention(device):
 
 def test_key_splits_fill_the_gpu_and_keep_a_page_per_range():
     one = torch.tensor([64])
-    assert key_splits(one, torch.tensor([256]), 32, 132) == 4  # 32 CTAs -> 4 ranges: one wave of 128
-    assert key_splits(one, torch.tensor([3]), 32, 132) == 3  # never an empty range
-    assert key_splits(torch.tensor([128] * 5), torch.tensor([256] * 5), 32, 132) == 1  # 160 CTAs
-    assert key_splits(torch.tensor([0]), torch.tensor([4]), 8, 132) == 1
+    assert key_splits(one, torch.tensor([256]), 32, 132, 128) == 4  # 32 CTAs -> 4 ranges: one wave of 128
+    assert key_splits(one, torch.tensor([3]), 32, 132, 128) == 3  # never an empty range
+    assert key_splits(torch.tensor([128] * 5), torch.tensor([256] * 5), 32, 132, 128) == 1  # 160 CTAs
+    assert key_splits(torch.tensor([0]), torch.tensor([4]), 8, 132, 128) == 1
 
 
 def test_plan_and_run_say_what_is_wrong():
