@@ -122,6 +122,7 @@ def _topk_op(
         errors=errors.record_address(device),
         stream=_jit.stream_of(device),
     )
+    errors.after_launch(device)
 
 
 @logged_api
@@ -191,7 +192,6 @@ def moe_topk(
         correction_bias,
         float(routed_scaling_factor),
     )
-    errors.after_launch(router_logits.device)
     return weights, ids
 
 
@@ -220,6 +220,7 @@ def _align_op(
         errors=errors.record_address(device),
         stream=_jit.stream_of(device),
     )
+    errors.after_launch(device)
 
 
 @logged_api
@@ -256,7 +257,6 @@ def moe_align_block_size(
     expert_ids = torch.empty(-(-length // block_size), dtype=torch.int32, device=dev)
     post = torch.empty(1, dtype=torch.int32, device=dev)
     _align_op(sorted_ids, expert_ids, post, ids, block_size, num_experts)
-    errors.after_launch(dev)
     return sorted_ids, expert_ids, post
 
 
@@ -288,6 +288,7 @@ def _permute_op(
         errors=errs,
         stream=stream,
     )
+    errors.after_launch(device)
 
 
 def _hidden(api: str, name: str, x) -> torch.Tensor:
@@ -324,7 +325,6 @@ def moe_permute(
     offs = torch.empty(num_experts, dtype=torch.int32, device=x.device)
     src_idx = torch.empty(n, dtype=torch.int32, device=x.device)
     _permute_op(permuted, offs, src_idx, x, ids, num_experts)
-    errors.after_launch(x.device)
     return permuted, offs, src_idx
 
 
@@ -348,6 +348,7 @@ def _unpermute_op(
         errors=errors.record_address(device),
         stream=_jit.stream_of(device),
     )
+    errors.after_launch(device)
 
 
 def _unpermute(api: str, rows, topk_weights, src_idx, out) -> torch.Tensor:
@@ -372,7 +373,6 @@ def _unpermute(api: str, rows, topk_weights, src_idx, out) -> torch.Tensor:
             )
     inv = torch.empty(src_idx.numel(), dtype=torch.int32, device=rows.device)
     _unpermute_op(out, inv, rows, topk_weights, src_idx.to(torch.int32).contiguous())
-    errors.after_launch(rows.device)
     return out
 
 

@@ -244,6 +244,11 @@ def driver() -> ctypes.CDLL:
             lib.cuInit.argtypes = [ctypes.c_uint]
             lib.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
             lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+            # cuda.h maps these names to their _v2 entry points; the unversioned symbols keep the
+            # pre-CUDA 4 rule that a context is current in one thread at a time, so pushing the
+            # primary context (current in torch's threads) fails with CUDA_ERROR_INVALID_CONTEXT.
+            lib.cuCtxPushCurrent = lib.cuCtxPushCurrent_v2
+            lib.cuCtxPopCurrent = lib.cuCtxPopCurrent_v2
             lib.cuCtxPushCurrent.argtypes = [ctypes.c_void_p]
             lib.cuCtxPopCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
             _driver = lib
