@@ -81,20 +81,12 @@ def _check(out, q, k, v, rows, causal):
         assert torch.allclose(out[i, 0].float(), ref, rtol=3e-2, atol=3e-2), f"row {i} differs"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", default=".")
-    ap.add_argument("--reps", type=int, default=20, help="samples of 25 back-to-back calls each")
-    ap.add_argument("--out")
-    args = ap.parse_args()
-    root = Path(args.root).resolve()
-    kiln = _import_kiln(root)
+def _decode(kiln, reps: int, kernels) -> dict:
+    """Decode B64 L4096 (GQA 32/8, head_dim 128, pages of 16, shuffled pages)."""
     import torch
 
     dev, bf16 = torch.device("cuda"), torch.bfloat16
     gen = torch.Generator(device="cuda").manual_seed(0)
-    rows = []
-    # Decode B64 L4096.
     b, length, page, hq, hk, d = 64, 4096, 16, 32, 8, 128
     pages = b * length // page
     k_cache = torch.randn(pages, page, hk, d, device=dev, dtype=bf16, generator=gen)
@@ -110,19 +102,48 @@ def main() -> int:
     kk, vv = k_cache[pages0].reshape(-1, hk, d), v_cache[pages0].reshape(-1, hk, d)
     ref = torch.softmax(q[0, 0].float() @ kk[:, 0].float().T / math.sqrt(d), -1) @ vv[:, 0].float()
     assert torch.allclose(out[0, 0].float(), ref, rtol=3e-2, atol=3e-2), "decode differs from the reference"
-    times = _time(lambda: w.run(q, (k_cache, v_cache)), args.reps)
-    rows.append({"workload": "decode B64 L4096 32/8 d128 page16", "times_us": times,
-                 "kernels": _kernels(lambda: w.run(q, (k_cache, v_cache)))})
-    # Single prefill causal 8192.
-    n = 8192
+    times = _time(lambda: w.run(q, (k_cache, v_cache)), reps)
+    return {"workload": "decode B64 L4096 32/8 d128 page16", "times_us": times,
+            "kernels": kernels(lambda: w.run(q, (k_cache, v_cache)))}
+
+
+def _prefill(kiln, reps: int, kernels) -> dict:
+    """Single causal prefill of 8192 tokens (32/8 heads, head_dim 128)."""
+    import torch
+
+    dev, bf16 = torch.device("cuda"), torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    n, hq, hk, d = 8192, 32, 8, 128
     qp = torch.randn(n, hq, d, device=dev, dtype=bf16, generator=gen)
     kp = torch.randn(n, hk, d, device=dev, dtype=bf16, generator=gen)
     vp = torch.randn_like(kp)
     outp = kiln.single_prefill_with_kv_cache(qp, kp, vp, causal=True)
     _check(outp, qp, kp, vp, [0, 1, 4095, 8191], True)
-    times = _time(lambda: kiln.single_prefill_with_kv_cache(qp, kp, vp, causal=True), args.reps)
-    rows.append({"workload": "single prefill causal 8192 32/8 d128", "times_us": times,
-                 "kernels": _kernels(lambda: kiln.single_prefill_with_kv_cache(qp, kp, vp, causal=True))})
+    times = _time(lambda: kiln.single_prefill_with_kv_cache(qp, kp, vp, causal=True), reps)
+    return {"workload": "single prefill causal 8192 32/8 d128", "times_us": times,
+            "kernels": kernels(lambda: kiln.single_prefill_with_kv_cache(qp, kp, vp, causal=True))}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", default=".")
+    ap.add_argument("--reps", type=int, default=20, help="samples of 25 back-to-back calls each")
+    ap.add_argument("--out")
+    ap.add_argument("--workloads", default="decode,prefill", help="which of decode,prefill to run")
+    ap.add_argument("--no-kernel-list", action="store_true",
+                    help="leave out the torch.profiler kernel list (under ncu, which holds the profiler)")
+    args = ap.parse_args()
+    workloads = set(args.workloads.split(","))
+    kernels = (lambda fn: []) if args.no_kernel_list else _kernels
+    root = Path(args.root).resolve()
+    kiln = _import_kiln(root)
+    import torch
+
+    rows = []
+    if "decode" in workloads:
+        rows.append(_decode(kiln, args.reps, kernels))
+    if "prefill" in workloads:
+        rows.append(_prefill(kiln, args.reps, kernels))
     for r in rows:
         t = r.pop("times_us")
         r.update(tree=str(root), gpu=torch.cuda.get_device_name(), timing="cuda_events, 25 calls per sample",

@@ -201,17 +201,21 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       // [first_page, first_page + loaded_pages), checked above. An id outside the cache, negative
       // or >= num_pages, is a box past the tensor map: TMA fills it with zeros, and the CTA's
       // outputs are poisoned (bad_page).
+      // One division a tile (the producer's issue rate bounds the kernel): box b < nbox holds
+      // tokens tok0 + b * B, so it is page pi0 + b at slot slot0 (B == page_size) or the tile's
+      // only box (nbox == 1).
+      const int pi0 = tok0 / page_size, slot0 = tok0 - pi0 * page_size;
       int box_page[MAX_BOXES], box_slot[MAX_BOXES];
       uint32_t bytes = 0;
 #pragma unroll
       for (int b = 0; b < MAX_BOXES; ++b) {  // the page-table loads, all independent
-        const int tok = tok0 + b * B, pi = tok / page_size;
+        const int pi = pi0 + b;
         const bool load = b < nbox && (boxes.page_axis || pi < loaded_pages);
         const int id = !load             ? -1
                        : boxes.page_axis ? (first_id >= 0 ? static_cast<int>(first_id) + tok0 : -1)
                                          : p.kv.page_indices[first_page + pi];
         box_page[b] = !load ? -1 : id >= 0 ? id : oob;
-        box_slot[b] = boxes.page_axis ? 0 : tok % page_size;
+        box_slot[b] = boxes.page_axis ? 0 : slot0;
         bytes += load ? uint32_t(CHUNKS * (boxes.page_axis ? N : B) * 128) : 0u;
         bad_page |= load && !boxes.page_axis && static_cast<uint32_t>(id) >= static_cast<uint32_t>(oob);
       }
