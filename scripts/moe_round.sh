@@ -13,7 +13,8 @@
 #
 #   bash scripts/moe_round.sh [pytest args, default: tests/ops/moe]
 #
-# SKIP_TESTS=1 / SKIP_BENCH=1 / SKIP_PEERS=1 leave a step out. TOKENS (default "1 16 64 512 4096
+# SKIP_TESTS=1 / SKIP_BENCH=1 / SKIP_PEERS=1 / SKIP_GRAPH=1 (the CUDA-graph run of the decode
+# sizes) / SKIP_PIECES=1 (routing, align, permute, unpermute) leave a step out. TOKENS (default "1 16 64 512 4096
 # 16384") and MODELS (default "mixtral-8x7b qwen3-30b-a3b deepseek-v3") pick the layer shapes;
 # REPEATS (default 10) and TARGET_MS (default 1) size each measurement. DEADLINE (s after the
 # start, default 230) bounds every step after the install: whatever finished is kept.
@@ -93,17 +94,22 @@ fi
 #    FlashInfer's cutlass_fused_moe beside kiln's.
 if [ -z "${SKIP_BENCH:-}" ]; then
   : >"$OUT/moe.jsonl"
-  run_bench() {  # comma-separated routines, backends, shapes
+  run_bench() {  # comma-separated routines, backends, shapes, then extra flags (--cuda-graph)
     [ "$(left)" -gt 5 ] || { note "skipped $1 ($2): past the deadline"; return; }
-    step "benchmarks: $1 ($2)"
+    step "benchmarks: $1 ($2) ${*:4}"
     local shapes=(); for s in $3; do shapes+=(--shapes "$s"); done
+    rm -f /tmp/moe_run.jsonl
     timeout "$(left)" python3 -m benchmarks run "$1" --backends "$2" "${shapes[@]}" --repeats "${REPEATS:-10}" \
-      --target-ms "${TARGET_MS:-1}" --output /tmp/moe_run.jsonl </dev/null >>"$OUT/bench.log" 2>&1 || status=1
+      --target-ms "${TARGET_MS:-1}" "${@:4}" --output /tmp/moe_run.jsonl </dev/null >>"$OUT/bench.log" 2>&1 || status=1
     cat /tmp/moe_run.jsonl >>"$OUT/moe.jsonl" 2>/dev/null
   }
   run_bench fused_moe kiln,torch_grouped_mm "$(layer_shapes)"
-  run_bench moe_topk,moe_align_block_size kiln,torch "$(SMALL_SHAPES)"
-  run_bench moe_permute,moe_unpermute kiln,torch "$(SMALL_SHAPES)"
+  # The decode sizes again under CUDA graphs: the kernels' time without the eager host path.
+  [ -z "${SKIP_GRAPH:-}" ] && run_bench fused_moe kiln,torch_grouped_mm "$(layer_shapes | grep -- -decode:)" --cuda-graph
+  if [ -z "${SKIP_PIECES:-}" ]; then
+    run_bench moe_topk,moe_align_block_size kiln,torch "$(SMALL_SHAPES)"
+    run_bench moe_permute,moe_unpermute kiln,torch "$(SMALL_SHAPES)"
+  fi
   if [ -z "${SKIP_PEERS:-}" ] && [ "${have_peers:-0}" = 1 ]; then
     run_bench cutlass_fused_moe kiln,flashinfer "$(layer_shapes)"
   fi

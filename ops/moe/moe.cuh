@@ -20,12 +20,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "ops/common/cuda_utils.cuh"
 #include "ops/common/device_error.h"
 #include "ops/common/dispatch.h"
 #include "ops/common/dtypes.h"
 #include "ops/common/math.h"
+#include "ops/common/mma.cuh"
 #include "ops/common/vec.cuh"
 #include "ops/moe/moe.h"
 
@@ -434,14 +436,12 @@ __device__ __forceinline__ float weight_scale(const ExpertsParams& p, int64_t e,
   return 1.f;
 }
 
-template <typename T, typename W, int VEC, bool GATED, activation::Act A, int SCALE>
-__global__ void __launch_bounds__(kExpertWarps * 32) experts_kernel(const ExpertsParams p) {
-  using V = Vec<T, VEC>;
-  using VW = Vec<W, VEC>;
-  constexpr int R = kExpertRowsPerPass;
-  const int64_t e = blockIdx.y;
-  const int64_t start = e > 0 ? p.offs[e - 1] : 0, end = p.offs[e];
-  if (start < 0 || end > p.rows || start > end) {  // offs that do not fit x: no row of this expert
+// Expert e's rows [start, end) of x from offs; false when it has none. offs that do not fit x give
+// no row (recorded once per expert by its first CTA), so nothing outside x or out is touched.
+__device__ __forceinline__ bool expert_rows(const ExpertsParams& p, int64_t e, int64_t& start, int64_t& end) {
+  start = e > 0 ? p.offs[e - 1] : 0;
+  end = p.offs[e];
+  if (start < 0 || end > p.rows || start > end) {
     if (blockIdx.x == 0 && threadIdx.x == 0) {
       if (end > p.rows) {
         record_error(p.errors, ErrorCode::kSegmentEnd, e, end, p.rows);
@@ -449,9 +449,19 @@ __global__ void __launch_bounds__(kExpertWarps * 32) experts_kernel(const Expert
         record_error(p.errors, ErrorCode::kSegmentStart, e, start, end);
       }
     }
-    return;
+    return false;
   }
-  if (start == end) return;
+  return start < end;
+}
+
+template <typename T, typename W, int VEC, bool GATED, activation::Act A, int SCALE>
+__global__ void __launch_bounds__(kExpertWarps * 32) experts_kernel(const ExpertsParams p) {
+  using V = Vec<T, VEC>;
+  using VW = Vec<W, VEC>;
+  constexpr int R = kExpertRowsPerPass;
+  const int64_t e = blockIdx.y;
+  int64_t start, end;
+  if (!expert_rows(p, e, start, end)) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t c = int64_t(blockIdx.x) * kExpertWarps + warp;
   if (c >= p.cols) return;
@@ -522,18 +532,244 @@ bool launch_experts_with(const ExpertsParams& q, dim3 grid, cudaStream_t stream)
   return true;
 }
 
+// The tensor-core form of the small-batch expert GEMM (16-bit activations, depth a multiple of 32,
+// 16-byte aligned rows): out^T = W x^T with mma.sync m16n8k16, the weight rows as A (16 output
+// columns per CTA) and up to kMmaRows of the expert's rows of x as B (kMmaTiles tiles of 8). The
+// CTA's kMmaWarps warps split the depth in chunks of 32 (warp w takes chunks w, w + 4, ...) and
+// add their partial sums in shared memory, so even one expert's 16 columns keep 4 warps streaming.
+// Lane (g = lane / 4, q = lane % 4) loads 8 contiguous elements of a chunk, [8q, 8q + 8), of
+// weight rows g and g + 8 and of x row g: one 16-byte load each (8 bytes for fp8). The k order
+// inside a chunk is permuted consistently for A and B (the fragment's k pairs 2q, 2q + 1,
+// 2q + 8, 2q + 9 of the two 16-deep steps are this lane's elements 0-3 and 4-7), which leaves the
+// dot products unchanged. fp8 weights are dequantised in registers: block scales per element
+// (one per 128-column block and row), a per-expert scale once on the sums.
+constexpr int kMmaWarps = 4;
+constexpr int kMmaTiles = 4;
+constexpr int kMmaRows = 8 * kMmaTiles;
+constexpr int kMmaCols = 16;
+constexpr int kMmaChunk = 32;
+
+// Eight weights of one row as four A registers of T (two elements each, the lower k in the low half).
+template <typename T, typename W, int SCALE>
+__device__ __forceinline__ void weight_regs(uint32_t (&r)[4], const W* row, int64_t k, const ExpertsParams& p,
+                                            int64_t e, int64_t w_row) {
+  if constexpr (SCALE == 0) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(row + k));
+    r[0] = raw.x, r[1] = raw.y, r[2] = raw.z, r[3] = raw.w;
+  } else {
+    const Vec<W, 8> v = Vec<W, 8>::load_ro(row + k);
+    // k is the chunk's start: a chunk of 32 lies in one 128-column scale block.
+    const float s = SCALE == 2 ? weight_scale<2>(p, e, w_row, k) : 1.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      r[i] = pack2<T>(s * Convert<W>::to_float(v.v[2 * i]), s * Convert<W>::to_float(v.v[2 * i + 1]));
+    }
+  }
+}
+
+// One pass's depth loop over NT tiles of 8 rows (rows r0 .. r0 + m of the expert): each step
+// issues all its loads (U chunks of NG x 2 weight rows and NT x rows) before its MMAs. A tile's
+// rows past m read row r0 + m - 1 again; their sums land in columns of C that are never stored.
+template <typename T, typename W, int NG, int NT, int SCALE>
+__device__ __forceinline__ void mma_pass(float (&acc)[NG][kMmaTiles][4], const ExpertsParams& p, const W* w,
+                                         const int64_t (&rows_of)[2][2], const T* x, int64_t e, int64_t r0, int m,
+                                         int warp, int g) {
+  constexpr int U = std::max(1, (NG == 2 ? 2 : 4) / (NT > 2 ? 4 : NT));  // chunks in flight per warp
+  constexpr int64_t kStep = int64_t(kMmaWarps) * kMmaChunk;
+  const T* xr[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) xr[t] = x + (r0 + std::min(t * 8 + g, m - 1)) * p.x_stride;
+#pragma unroll 1
+  for (int64_t kb = int64_t(warp) * kMmaChunk; kb < p.depth; kb += U * kStep) {
+    uint32_t a[U][NG][2][4];  // [chunk][gate/up][row g / g + 8][4 registers]
+    uint4 xb[U][NT];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = kb + u * kStep;
+      if (k < p.depth) {
+#pragma unroll
+        for (int h = 0; h < NG; ++h)
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+            weight_regs<T, W, SCALE>(a[u][h][j], w + rows_of[h][j] * p.w_row_stride, k, p, e, rows_of[h][j]);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) xb[u][t] = *reinterpret_cast<const uint4*>(xr[t] + k);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (kb + u * kStep >= p.depth) break;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+#pragma unroll
+        for (int h = 0; h < NG; ++h) {
+          const uint32_t lo[4] = {a[u][h][0][0], a[u][h][1][0], a[u][h][0][1], a[u][h][1][1]};
+          const uint32_t hi[4] = {a[u][h][0][2], a[u][h][1][2], a[u][h][0][3], a[u][h][1][3]};
+          mma_16x8x16<T>(acc[h][t], lo, xb[u][t].x, xb[u][t].y);
+          mma_16x8x16<T>(acc[h][t], hi, xb[u][t].z, xb[u][t].w);
+        }
+      }
+    }
+  }
+}
+
+// MAX_TILES: the most 8-row tiles a pass can have, from the rows of x (1 when there are at most 8
+// rows in all: decode of one token, where occupancy, not the tiles' loads, hides the latency).
+// The 4-tile forms take at most 168 registers (3 CTAs an SM) without spills; the block-scaled fp8
+// ones ~200 (2).
+template <typename T, typename W, bool GATED, activation::Act A, int SCALE, int MAX_TILES>
+__global__ void __launch_bounds__(kMmaWarps * 32, MAX_TILES == 1 ? 4
+                                                  : SCALE == 2   ? 2
+                                                                 : 3) experts_mma_kernel(const ExpertsParams p) {
+  constexpr int NG = GATED ? 2 : 1;  // gate (and up) weight tiles
+  constexpr int U = GATED ? 2 : 4;   // chunks in flight per warp
+  __shared__ float red[kMmaWarps - 1][NG][kMmaTiles][4][32];
+  const int64_t e = blockIdx.y;
+  int64_t start, end;
+  if (!expert_rows(p, e, start, end)) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int64_t c0 = int64_t(blockIdx.x) * kMmaCols;
+  if (c0 >= p.cols) return;
+  // The lane's two output columns, clamped into the matrix (a tail tile computes and drops them).
+  const int64_t ca = std::min<int64_t>(c0 + g, p.cols - 1), cb = std::min<int64_t>(c0 + g + 8, p.cols - 1);
+  const W* w = static_cast<const W*>(p.w) + e * p.w_expert_stride + q * 8;
+  const int64_t rows_of[2][2] = {{p.gate_row0 + ca, p.gate_row0 + cb}, {p.up_row0 + ca, p.up_row0 + cb}};
+  const T* x = static_cast<const T*>(p.x) + q * 8;
+  T* out = static_cast<T*>(p.out);
+  for (int64_t r0 = start; r0 < end; r0 += kMmaRows) {
+    const int m = static_cast<int>(std::min<int64_t>(kMmaRows, end - r0));
+    const int tiles = (m + 7) / 8;
+    float acc[NG][kMmaTiles][4];
+#pragma unroll
+    for (int h = 0; h < NG; ++h)
+#pragma unroll
+      for (int t = 0; t < kMmaTiles; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[h][t][i] = 0.f;
+    if constexpr (MAX_TILES == 1) {
+      mma_pass<T, W, NG, 1, SCALE>(acc, p, w, rows_of, x, e, r0, m, warp, g);
+    } else {
+      switch (tiles) {  // the tile count as a constant, so each step's loads all go out before its MMAs
+        case 1:
+          mma_pass<T, W, NG, 1, SCALE>(acc, p, w, rows_of, x, e, r0, m, warp, g);
+          break;
+        case 2:
+          mma_pass<T, W, NG, 2, SCALE>(acc, p, w, rows_of, x, e, r0, m, warp, g);
+          break;
+        case 3:
+          mma_pass<T, W, NG, 3, SCALE>(acc, p, w, rows_of, x, e, r0, m, warp, g);
+          break;
+        default:
+          mma_pass<T, W, NG, 4, SCALE>(acc, p, w, rows_of, x, e, r0, m, warp, g);
+      }
+    }
+    // Split-k sum: warps 1.. hand their partial tiles to warp 0, which finishes the columns.
+    if (warp > 0) {
+#pragma unroll
+      for (int h = 0; h < NG; ++h)
+#pragma unroll
+        for (int t = 0; t < kMmaTiles; ++t)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) red[warp - 1][h][t][i][lane] = acc[h][t][i];
+    }
+    __syncthreads();
+    if (warp == 0) {
+      const float ts = SCALE == 1 ? p.w_scale[e] : 1.f;
+#pragma unroll
+      for (int t = 0; t < kMmaTiles; ++t) {
+        if (t >= tiles) break;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float v[NG];
+#pragma unroll
+          for (int h = 0; h < NG; ++h) {
+            v[h] = acc[h][t][i];
+#pragma unroll
+            for (int o = 0; o < kMmaWarps - 1; ++o) v[h] += red[o][h][t][i][lane];
+            v[h] *= ts;
+          }
+          const int row = t * 8 + 2 * q + (i & 1);
+          const int64_t col = c0 + g + (i >= 2 ? 8 : 0);
+          if (row < m && col < p.cols) {
+            float y = v[0];
+            if constexpr (GATED) y = activation::apply<A>(v[0]) * v[NG - 1];
+            out[(r0 + row) * p.out_stride + col] = Convert<T>::from_float(y);
+          }
+        }
+      }
+    }
+    __syncthreads();  // red is reused by the next pass
+  }
+}
+
+template <typename T, typename W, int SCALE, int MAX_TILES>
+void launch_experts_mma_tiles(const ExpertsParams& q, dim3 grid, cudaStream_t stream, bool& launched) {
+  using activation::Act;
+  launched = true;
+  if (!q.gated) {
+    experts_mma_kernel<T, W, false, Act::kSilu, SCALE, MAX_TILES><<<grid, kMmaWarps * 32, 0, stream>>>(q);
+  } else if (q.act == Act::kSilu) {
+    experts_mma_kernel<T, W, true, Act::kSilu, SCALE, MAX_TILES><<<grid, kMmaWarps * 32, 0, stream>>>(q);
+  } else if (q.act == Act::kGeluTanh) {
+    experts_mma_kernel<T, W, true, Act::kGeluTanh, SCALE, MAX_TILES><<<grid, kMmaWarps * 32, 0, stream>>>(q);
+  } else {
+    launched = false;
+  }
+}
+
+template <typename T, typename W, int SCALE>
+void launch_experts_mma_with(const ExpertsParams& q, dim3 grid, cudaStream_t stream, bool& launched) {
+  if (q.rows <= 8) {
+    launch_experts_mma_tiles<T, W, SCALE, 1>(q, grid, stream, launched);
+  } else {
+    launch_experts_mma_tiles<T, W, SCALE, kMmaTiles>(q, grid, stream, launched);
+  }
+}
+
+// Whether the tensor-core kernel takes these operands: 16-bit activations, whole 32-element chunks,
+// and 16-byte rows of x and w (8-byte for fp8 weights).
+template <typename T>
+bool mma_experts_fit(const ExpertsParams& p) {
+  if constexpr (!std::is_same_v<T, bf16_t> && !std::is_same_v<T, f16_t>) {
+    return false;
+  } else {
+    const int64_t wbytes = 8 * (p.w_fp8 ? 1 : int64_t(sizeof(T)));  // a lane's 8 weights of a row
+    return p.depth % kMmaChunk == 0 && p.x_stride % 8 == 0 && aligned(p.x, 16) && p.w_row_stride % 8 == 0 &&
+           p.w_expert_stride % 8 == 0 && aligned(p.w, wbytes);
+  }
+}
+
 template <typename T>
 Status launch_experts(const ExpertsParams& p, LaunchContext ctx) {
   if (p.rows == 0 || p.cols == 0 || p.experts == 0) return Status::Ok();
   DeviceGuard guard(ctx.device);
   ExpertsParams q = p;
   q.errors = ctx.errors;
+  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
+  if constexpr (std::is_same_v<T, bf16_t> || std::is_same_v<T, f16_t>) {
+    if (mma_experts_fit<T>(p)) {
+      const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(p.cols, kMmaCols)), static_cast<unsigned>(p.experts));
+      bool launched = false;
+      if (!p.w_fp8) {
+        launch_experts_mma_with<T, T, 0>(q, grid, stream, launched);
+      } else if (p.scale_mode == 1) {
+        launch_experts_mma_with<T, e4m3_t, 1>(q, grid, stream, launched);
+      } else if (p.scale_mode == 2) {
+        launch_experts_mma_with<T, e4m3_t, 2>(q, grid, stream, launched);
+      }
+      if (!launched) {
+        return Status::Error(
+            1, "moe experts (tensor cores): no kernel for act=" + std::to_string(static_cast<int>(p.act)) +
+                   " scale_mode=" + std::to_string(p.scale_mode));
+      }
+      return cuda_status(cudaGetLastError(), "moe experts kernel launch");
+    }
+  }
   // The widest vector x allows (<= 16 bytes of T) that the weights' alignment allows too.
   int vec = choose_vec<T>(p.depth, {p.x_stride, p.w_row_stride, p.w_expert_stride}, {p.x});
   const int64_t wbytes = p.w_fp8 ? 1 : int64_t(sizeof(T));
   while (vec > 1 && !aligned(p.w, vec * wbytes)) vec /= 2;
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(p.cols, kExpertWarps)), static_cast<unsigned>(p.experts));
-  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
   bool launched = false;
   const bool ok = dispatch_value<1, 2, 4, 8>(vec, [&](auto kVec) {
     constexpr int VEC = decltype(kVec)::value;

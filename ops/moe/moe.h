@@ -106,8 +106,9 @@ struct ExpertsParams {
   int64_t* errors;
 };
 inline constexpr int64_t kScaleBlock = 128;
-// Rows of one expert that one pass of the small-batch kernel keeps in registers; more rows take
-// more passes over the same (then cached) weights.
+// Rows of one expert that one pass of the CUDA-core small-batch kernel (float32, or operands the
+// tensor-core kernel cannot take) keeps in registers; more rows take more passes over the same
+// weights.
 inline constexpr int kExpertRowsPerPass = 8;
 
 // Selection order of the routing: a candidate beats the best so far when its key is larger, or

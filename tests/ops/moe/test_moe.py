@@ -471,7 +471,9 @@ def fp8_weights(w, per_block, g):
 @pytest.mark.parametrize("t", [9, 70], ids=["small-batch", "grouped"])
 def test_fused_moe_fp8_weights_against_the_dequantised_reference(device, per_block, t):
     # H = 200 and 2I = 272 are no multiple of 128: the last blocks are partial. The small-batch
-    # kernels (T = 9) scale the fp8 weights in float32 inside the dot products; the grouped path
+    # kernels (T = 9; these depths are no multiple of 32, so the CUDA-core kernel) scale the fp8
+    # weights in float32 inside the dot products (the tensor-core kernel rounds each scaled weight
+    # to the activation dtype, as the grouped path does); the grouped path
     # (T = 70) dequantises them into the activation dtype first (one more rounding, 2^-9 relative
     # in bf16, the order of the layer's own roundings): the bf16 layer tolerance holds for both
     # against the float32 dequantised reference.
@@ -606,6 +608,49 @@ def test_cuda_graph_replays_with_new_routing(t):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(
+    "h, i, t, route, activation",
+    [
+        (96, 64, 5, "top-2 of 8", "silu"),  # both projections on tensor cores, < 8 rows an expert
+        (64, 40, 9, "top-2 of 8", "gelu"),  # I = 40: the up projection's last 16-column tile is
+        # partial; its down projection (depth 40, no multiple of 32) runs the CUDA-core kernel
+        (128, 96, 45, "one expert", "silu"),  # 45 rows of one expert: two passes, the second partial
+    ],
+    ids=["aligned", "column-tail", "two-passes"],
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("weights", ["16-bit", "fp8-per-expert", "fp8-block"])
+def test_cuda_small_batch_tensor_core_kernel(h, i, t, route, activation, dtype, weights, monkeypatch):
+    """The decode path's tensor-core expert kernel (16-bit activations, depth a multiple of 32)
+    against the float32 per-token reference, on the cases its tiling makes special."""
+    e = 8
+    g = gen(h + i + t)
+    w13, w2 = layer_weights(e, h, i, dtype, "cpu", g)
+    x = torch.randn((t, h), generator=g).to(dtype)
+    if route == "one expert":
+        ids = torch.full((t, 1), 5, dtype=torch.int32)
+        w = torch.rand((t, 1), generator=g)
+    else:
+        w, ids = kiln.moe_topk(torch.randn((t, e), generator=g), 2)
+    scales = {}
+    if weights != "16-bit":
+        w13, s13 = fp8_weights(w13, weights == "fp8-block", g)
+        w2, s2 = fp8_weights(w2, weights == "fp8-block", g)
+        scales = {"w13_scale": s13.cuda(), "w2_scale": s2.cuda()}
+        ref = per_token_reference(x, dequantize(w13, s13), dequantize(w2, s2), w, ids, activation)
+    else:
+        ref = per_token_reference(x, w13, w2, w, ids, activation)
+    calls = []
+    small = kiln.moe._experts_op
+    monkeypatch.setattr(kiln.moe, "_experts_op", lambda *a, **kw: (calls.append(a[4]), small(*a, **kw)))
+    out = torch.full((t, h), float("nan"), dtype=dtype, device="cuda")
+    kiln.fused_moe(*(v.cuda() for v in (x, w13, w2, w, ids)), activation=activation, out=out, **scales)
+    torch.cuda.synchronize()
+    assert calls == [True, False], "the small-batch path did not run"
+    check_layer(out, ref, dtype)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("t", [1, 16, 512, 4096])
 def test_cuda_model_sized_layer(t):
     # Qwen3-30B-A3B's real layer (E 128, k 8, H 2048, I 768) against the per-expert reference.
@@ -618,8 +663,9 @@ def test_cuda_model_sized_layer(t):
 @pytest.mark.parametrize("t", [1, 16, 64])
 def test_cuda_fp8_block_scaled_deepseek_like_layer(t):
     # DeepSeek-V3's expert sizes (H 7168, I 2048, top 8, grouped 8/4 sigmoid routing) with 32 of its
-    # experts, e4m3 weights with 128 x 128 block scales: T 1 and 16 run the small-batch kernels on
-    # the fp8 bytes, T 64 (512 rows > 8 per expert) the dequantise-then-grouped-GEMM fallback.
+    # experts, e4m3 weights with 128 x 128 block scales: T 1 and 16 run the small-batch
+    # tensor-core kernels on the fp8 bytes, T 64 (512 rows > 8 per expert) the
+    # dequantise-then-grouped-GEMM fallback.
     e, k, h, i = 32, 8, 7168, 2048
     g = gen(t)
     w13, w2 = layer_weights(e, h, i, torch.bfloat16, "cuda", g)
