@@ -21,6 +21,7 @@
 
 #include "ops/attention/attention.h"
 #include "ops/attention/merge.cuh"
+#include "ops/attention/online_softmax.cuh"
 #include "ops/attention/state.h"
 #include "ops/common/async_copy.cuh"
 #include "ops/common/cuda_utils.cuh"
@@ -180,12 +181,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
     float rescale[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
-      const float m_new = fmaxf(m[r], row_max[r]);
-      rescale[r] = scale_from(m[r], m_new);
-      l[r] *= rescale[r];
-      m[r] = m_new;
+      float m_use;  // (P below is scale_from(s, m), which handles a row with no key itself)
+      rescale[r] = online_softmax_step(row_max[r], 1.0f, m[r], l[r], m_use);
     }
 #pragma unroll
     for (int n = 0; n < NTILES; ++n) {

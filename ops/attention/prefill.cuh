@@ -20,6 +20,7 @@
 #include <string>
 
 #include "ops/attention/attention.h"
+#include "ops/attention/online_softmax.cuh"
 #include "ops/attention/state.h"
 #include "ops/common/async_copy.cuh"
 #include "ops/common/cuda_utils.cuh"
@@ -353,14 +354,8 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
         float row_max = neg_inf();
 #pragma unroll
         for (int n = 0; n < NT; ++n) row_max = fmaxf(row_max, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
-        row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
-        row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
-        const float m_new = fmaxf(m[mt][r], row_max * kfac);
-        rescale[mt][r] = scale_from(m[mt][r], m_new);
-        l[mt][r] *= rescale[mt][r];
+        rescale[mt][r] = online_softmax_step(row_max, kfac, m[mt][r], l[mt][r], m_use[mt][r]);
         moved = moved || rescale[mt][r] != 1.0f;
-        m[mt][r] = m_new;
-        m_use[mt][r] = m_new == neg_inf() ? 0.0f : m_new;  // a row with no key yet: exp2(-inf) = 0
       }
     }
     // Past the first tiles the running max rarely moves: skip the O rescale when it moved for no

@@ -35,6 +35,7 @@
 #include <type_traits>
 
 #include "ops/attention/attention.h"
+#include "ops/attention/online_softmax.cuh"
 #include "ops/attention/prefill.cuh"
 #include "ops/attention/state.h"
 #include "ops/common/cuda_utils.cuh"
@@ -368,14 +369,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       float row_max = neg_inf();
 #pragma unroll
       for (int j = 0; j < N / 8; ++j) row_max = fmaxf(row_max, fmaxf(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]));
-      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
-      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
-      const float m_new = fmaxf(m[r], row_max * kfac);
-      rescale[r] = scale_from(m[r], m_new);
-      l[r] *= rescale[r];
+      rescale[r] = online_softmax_step(row_max, kfac, m[r], l[r], m_use[r]);
       moved = moved || rescale[r] != 1.0f;
-      m[r] = m_new;
-      m_use[r] = m_new == neg_inf() ? 0.0f : m_new;  // a row with no key yet: exp2(-inf) = 0
     }
 #pragma unroll
     for (int x = 0; x < N / 2; ++x) {
