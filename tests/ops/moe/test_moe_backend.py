@@ -2,7 +2,8 @@
 through kiln.grouped_mm(backend="triton") at every batch size, never the small-batch expert kernels;
 "cuda" and "auto" keep the CUDA grouped GEMMs and the small-batch kernels. On the CPU every backend
 runs the host backend (with "triton", its grouped path at every size): checked against a float32
-reference written per token, on fresh random data at odd sizes, with the GEMM calls recorded. GPU
+reference written per token, on fresh random data at odd sizes, with the GEMM calls recorded; and
+on fake CUDA tensors (torch.compile's graph, no GPU) which custom ops each backend reaches. GPU
 tests (marked gpu, skipped without triton): backend="triton" against the same reference, fp8
 weights, torch.compile(fullgraph=True) and a CUDA-graph replay with new routing."""
 
@@ -163,6 +164,43 @@ def test_backend_is_keyword_only():
         kiln.fused_moe(x, w13, w2, w, ids, "silu", None, None, None, "triton")
     with pytest.raises(TypeError):
         kiln.cutlass_fused_moe(x, ids, w, up_first(w13), w2, BF16, None, None, "triton")
+
+
+@pytest.mark.parametrize(("backend", "gemm"), [("triton", "grouped_gemm_triton"), ("cuda", "moe_experts")])
+def test_on_cuda_tensors_triton_reaches_the_triton_grouped_gemm_at_decode_size(backend, gemm):
+    """With no GPU: torch.compile(fullgraph=True) traces the layer on fake CUDA tensors at a
+    decode size (T 4, 16 rows <= 8 x 8 experts), and the graph's kiln ops say which GEMMs run:
+    backend="triton" the triton grouped GEMM twice and never the small-batch expert kernels;
+    backend="cuda" the small-batch expert kernels (up with the activation fused, then down)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x, w13, w2, w, ids = case(8, 2, 64, 32, 4, "cpu", 40)
+    kiln.fused_moe(x, w13, w2, w, ids, backend=backend)  # imports whatever the call imports lazily
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda *a: kiln.fused_moe(*a, backend=backend), fullgraph=True, backend=capture)
+    with FakeTensorMode():
+        fake = [torch.empty(v.shape, dtype=v.dtype, device="cuda") for v in (x, w13, w2, w, ids)]
+        got = f(*fake)
+    torch._dynamo.reset()
+    assert got.shape == x.shape and got.device.type == "cuda"
+    (gm,) = graphs
+    ops = [
+        n.target._opname
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and isinstance(n.target, torch._ops.OpOverload)
+        and n.target.namespace == "kiln"
+    ]
+    assert ops.count(gemm) == 2, ops
+    assert ("moe_experts" in ops) == (backend == "cuda") and ("grouped_gemm_triton" in ops) == (
+        backend == "triton"
+    )
 
 
 # ---- on the GPU ------------------------------------------------------------------------------------
