@@ -453,9 +453,9 @@ def test_the_launcher_packs_arguments_in_the_compiled_order(toy, ws, monkeypatch
 
 def test_the_launcher_refuses_a_value_its_type_cannot_hold_and_a_bad_grid(toy, ws, monkeypatch):
     """The argument buffer is packed with one struct.pack_into: a value out of its type's range
-    (an i32 past 2^31 - 1, a negative pointer) is a ValueError naming the argument, never a launch
-    with a truncated value (ctypes' slots wrapped it silently); a grid of 4 dimensions is refused
-    (it was cut to 3)."""
+    (an i32 past 2^31 - 1, a negative pointer, a float past fp32's range) is a ValueError naming
+    the argument, never a launch with a wrapped or infinite value (what ctypes' slots made of
+    them); a grid of 4 dimensions is refused (it was cut to 3)."""
     from kiln.runtime import triton_module
 
     k = jit.load(toy_triton_spec(toy), BOTH).kernel("toy_fill")
@@ -467,6 +467,8 @@ def test_the_launcher_refuses_a_value_its_type_cannot_hold_and_a_bad_grid(toy, w
         k((1,), 0x1000, 2**31, 1.0)
     with pytest.raises(ValueError, match=r"toy_fill: argument out = -16 does not fit its type \*fp32"):
         k((1,), -16, 7, 1.0)
+    with pytest.raises(ValueError, match=r"toy_fill: argument value = 1e\+40 does not fit its type fp32"):
+        k((1,), 0x1000, 7, 1e40)  # (ctypes made it inf)
     with pytest.raises(
         ValueError, match=r"toy_fill: grid must have 1, 2 or 3 dimensions, got \(1, 1, 1, 2\)"
     ):

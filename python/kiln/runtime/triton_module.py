@@ -438,7 +438,7 @@ class TritonKernel:
         with self._call_lock:
             try:
                 self._pack.pack_into(self._buffer, 0, *args)
-            except struct.error:
+            except (struct.error, OverflowError):  # (OverflowError: a float past fp32's range)
                 self._refuse_unpackable(args)
                 raise
             rc = launch(fn, gx, gy, gz, cubin.block, 1, 1, cubin.shared, stream, self._argv, None)
@@ -450,7 +450,7 @@ class TritonKernel:
             code = _POINTER_PACK if ty.startswith("*") else _PACK[ty]
             try:
                 struct.pack("=" + code, value)
-            except struct.error as e:
+            except (struct.error, OverflowError) as e:
                 raise ValueError(
                     f"{self.entry}: argument {name} = {value!r} does not fit its type {ty} ({e})"
                 ) from None
