@@ -491,6 +491,28 @@ def test_the_untuned_path_runs_the_first_unblocked_config(tmp_path, kiln_env, mo
         assert [k for k, _ in seen] == [tactics.kernels[1]]
 
 
+def test_the_module_lookup_is_cached_except_while_api_logging_observes_it(monkeypatch):
+    """_tactics_of: one _jit.triton_module call per (device, dtype), then a dict lookup; while API
+    logging's module observer is on, every call goes through _jit.triton_module (which reports
+    the module), so a logged call still records the module it used."""
+    pytest.importorskip("triton", reason="cross-compiling needs triton==3.6.0 (pip install -e '.[test]')")
+    from kiln import gemm
+
+    mod = jit.load(
+        module_spec("//ops/gemm:grouped", {"dtype": "bf16"}, "triton"), ArchContext.current("8.0;9.0a")
+    )
+    lookups = []
+    monkeypatch.setattr(gemm._jit, "triton_module", lambda *a, **kw: lookups.append(a[1]) or mod)
+    monkeypatch.setattr(gemm, "_triton_by_call", {})
+    dev = torch.device("cuda", 3)  # (a key only: nothing runs)
+    first = gemm._tactics_of(dev, BF16)
+    assert gemm._tactics_of(dev, BF16) is first and lookups == [dev]
+    assert first.mod is mod and first.tactic_names[0] == "grouped_mm_kmajor"
+    monkeypatch.setattr(gemm._jit, "module_observer", lambda *a: None)
+    assert gemm._tactics_of(dev, BF16) is first and gemm._tactics_of(dev, BF16) is first
+    assert lookups == [dev] * 3
+
+
 def test_the_launch_names_the_tensors_device(monkeypatch):
     """_launch_triton launches in a's device's context (device=a.device.index: the launcher binds
     its primary context) on that device's current stream, whatever the thread's current device."""
