@@ -96,6 +96,8 @@ def _stub_driver():
 def host_only(args) -> int:
     import ctypes
 
+    stub = _stub_driver()  # first: before anything else of the process could load a driver
+
     import torch
 
     import kiln  # noqa: F401 - the package, as a user imports it
@@ -104,7 +106,6 @@ def host_only(args) -> int:
     from kiln.runtime import jit
     from kiln.runtime.arch import ArchContext
 
-    stub = _stub_driver()
     sink = ctypes.c_uint64.in_dll(stub, "kiln_stub_sink")
     mod = jit.load(module_spec(gemm.GROUPED, {"dtype": "bf16"}, "triton"), ArchContext.current("8.0;9.0a"))
     cpu = torch.device("cpu")
