@@ -5,7 +5,9 @@ Peers:
   routing / data movement   torch: what a model writes without a kernel (the references' torch
                             code: softmax/sigmoid + a stable sort; a stable argsort + gather;
                             index_add), vectorised for align
-  fused_moe                 torch_grouped_mm: the issue's torch pipeline (stable sort by expert,
+  fused_moe                 kiln_triton: kiln.fused_moe(backend="triton"), the grouped path on
+                            the Triton grouped GEMM at every T (kiln: the CUDA backend);
+                            torch_grouped_mm: the issue's torch pipeline (stable sort by expert,
                             torch._grouped_mm up, silu * mul, torch._grouped_mm down, weighted
                             index_add in float32); bf16 on sm90+
   cutlass_fused_moe         FlashInfer 0.7's cutlass_fused_moe (bf16, fc1 up rows first, as kiln's)
@@ -25,7 +27,7 @@ import kiln
 from kiln.trace import moe as moe_traces
 
 from ..routine import Backend, Routine
-from .gemm import _flashinfer_on, _grouped_mm_available, _nan_out
+from .gemm import _flashinfer_on, _grouped_mm_available, _nan_out, _triton_available
 from .norm import _flashinfer, flashinfer_version, kiln_version, torch_version
 
 # --- routing and data movement ---------------------------------------------------------------------
@@ -163,6 +165,13 @@ def kiln_fused(inp, ctx):
     return lambda: kiln.fused_moe(*args, out=out)
 
 
+def kiln_triton_fused(inp, ctx):
+    """backend="triton": the layer's GEMMs on kiln's Triton grouped GEMM at every batch size."""
+    args = [inp[n] for n in ("hidden_states", "w13", "w2", "topk_weights", "topk_ids")]
+    out = _nan_out(args[0].shape, args[0].dtype, args[0].device)
+    return lambda: kiln.fused_moe(*args, out=out, backend="triton")
+
+
 def torch_fused(inp, ctx):
     args = [inp[n] for n in ("hidden_states", "w13", "w2", "topk_weights", "topk_ids")]
     return lambda: torch_pipeline(*args)
@@ -219,6 +228,7 @@ FUSED_MOE = Routine(
     api=kiln.fused_moe,
     backends=(
         Backend("kiln", kiln_fused, version=kiln_version),
+        Backend("kiln_triton", kiln_triton_fused, available=_triton_available, version=kiln_version),
         Backend("torch_grouped_mm", torch_fused, available=_grouped_mm_available, version=torch_version),
     ),
     bytes_per_call=layer_bytes,

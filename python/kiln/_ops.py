@@ -35,11 +35,19 @@ def inference_only(name: str, *args) -> None:
     """Warn once per op when an input requires grad and grad mode is on (kiln has no backward)."""
     if name in _warned or not torch.is_grad_enabled():
         return
-    if any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-        _warned.add(name)
-        warnings.warn(f"{name}: kiln ops are inference-only and record no autograd graph; an input "
-                      "requires grad, and the result will have no grad_fn. Run under "
-                      "torch.inference_mode() or torch.no_grad().", UserWarning, stacklevel=3)
+    for a in args:  # (a loop, not any() over a generator: this runs on every call in grad mode)
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            break
+    else:
+        return
+    _warned.add(name)
+    warnings.warn(
+        f"{name}: kiln ops are inference-only and record no autograd graph; an input "
+        "requires grad, and the result will have no grad_fn. Run under "
+        "torch.inference_mode() or torch.no_grad().",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 class KilnOp:
@@ -49,7 +57,8 @@ class KilnOp:
         self.name = f"kiln::{name}"
         self.eager = fn
         self.op = torch.library.custom_op(self.name, mutates_args=mutates)(
-            logged_api(self.name, mutates=mutates)(fn))
+            logged_api(self.name, mutates=mutates)(fn)
+        )
         self.op.register_fake(_nothing)
 
     def __call__(self, *args, **kwargs) -> None:

@@ -579,6 +579,17 @@ def _env_cache() -> str:
     return path
 
 
+def untuned(module, op: str, device: torch.device) -> int | None:
+    """`launch`'s common path without its callables: the blocked mask when `launch` would run
+    the default tactic (no tuning context on this thread, nothing tuned, no KILN_AUTOTUNE_CACHE),
+    else None. A launcher whose callables cost more than the check calls this first and, given a
+    mask, runs what `launch` would: its default tactic, run(-1, False, mask)."""
+    blocked = blocked_mask(module, op, device)
+    if getattr(_local, "stack", None) or _table or _env_cache():
+        return None
+    return blocked
+
+
 def launch(
     module,
     op: str,

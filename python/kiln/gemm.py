@@ -26,6 +26,8 @@ keeps the CUDA backend until measurements say otherwise (docs/perf/gemm-triton.m
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from kiln.runtime import env
@@ -589,45 +591,124 @@ class _TritonTactics:
         self.nmajor = mod.kernel("grouped_mm_nmajor")
         self.generic = mod.kernel("grouped_mm_kernel")
         self.f32 = mod.kernel("grouped_mm_f32_kernel")
+        self.every = list(range(len(self.kernels)))
+        self._defaults: dict[int, int] = {}
+
+    def default(self, blocked: int) -> int:
+        """The tactic the untuned path runs: the first one not blocked (0 if all are)."""
+        got = self._defaults.get(blocked)
+        if got is None:
+            got = self._defaults[blocked] = next((i for i in self.every if not (blocked >> i) & 1), 0)
+        return got
 
     def timestamp(self, **kwargs):
         return _jit.module(GROUPED, self.device, "kiln.autotune", dtype=self.dtype).timestamp(**kwargs)
 
 
-_triton_tactics: dict[int, _TritonTactics] = {}
+_triton_tactics: dict[int, _TritonTactics] = {}  # id(module) -> its tactics
+_triton_by_call: dict[tuple, _TritonTactics] = {}  # (device, dtype) -> the tactics of its module
 
 
-def _fast_layout(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> str | None:
-    """"kmajor" / "nmajor" when the call meets what the fast kernels were compiled assuming
-    (unit strides along k for a, along n for out; 16-byte aligned pointers; row strides, k or n
-    multiples of 16), else None (the fallback kernel)."""
-    if a.stride(1) != 1 or out.stride(1) != 1 or out.dtype != a.dtype:
+def _tactics_of(device: torch.device, dtype: torch.dtype) -> _TritonTactics:
+    """The triton module's tactics for a call on `device` with a's `dtype`: after the first call one
+    dict lookup; through _jit.triton_module (which builds or loads it, and reports it to API logging's
+    module observer) on the first and whenever the observer is on."""
+    tactics = _triton_by_call.get((device, dtype))
+    if tactics is None or _jit.module_observer is not None:
+        mod = _jit.triton_module(GROUPED, device, "kiln.grouped_mm", dtype=dtype, names={"dtype": "a.dtype"})
+        tactics = _triton_tactics.get(id(mod))
+        if tactics is None:
+            tactics = _triton_tactics.setdefault(id(mod), _TritonTactics(mod, device, dtype))
+        _triton_by_call[(device, dtype)] = tactics
+    return tactics
+
+
+# The grouped kernels' parameters, in the order _operands gives their values; each kernel takes a
+# subset (a fast kernel's unit strides are constexprs), picked by _picker.
+_PARAMS = (
+    "a",
+    "b",
+    "out",
+    "offs",
+    "rows",
+    "n",
+    "k",
+    "groups",
+    "stride_am",
+    "stride_ak",
+    "stride_bg",
+    "stride_bk",
+    "stride_bn",
+    "stride_om",
+    "stride_on",
+)
+_pickers: dict = {}  # kernel -> (its arguments from _operands' tuple, BLOCK_M, BLOCK_N)
+
+
+def _operands(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, offs_ptr: int) -> tuple:
+    """Every value a grouped kernel may take, in _PARAMS order (a few torch calls, made once)."""
+    rows, k = a.shape
+    groups, _, n = b.shape
+    return (
+        a.data_ptr(),
+        b.data_ptr(),
+        out.data_ptr(),
+        offs_ptr,
+        rows,
+        n,
+        k,
+        groups,
+        *a.stride(),
+        *b.stride(),
+        *out.stride(),
+    )
+
+
+def _layout_of(v: tuple, same_dtype: bool) -> str | None:
+    """_fast_layout on _operands' values."""
+    pa, pb, po, _, _, n, k, _, sam, sak, sbg, sbk, sbn, som, son = v
+    if sak != 1 or son != 1 or not same_dtype:
         return None
-    if any(t.data_ptr() % 16 for t in (a, b, out)):
+    if (pa | pb | po | sam | som | sbg) & 15:
         return None
-    if a.stride(0) % 16 or out.stride(0) % 16 or b.stride(0) % 16:
-        return None
-    if b.stride(1) == 1 and b.stride(2) % 16 == 0 and a.shape[1] % 16 == 0:
+    if sbk == 1 and sbn & 15 == 0 and k & 15 == 0:
         return "kmajor"
-    if b.stride(2) == 1 and b.stride(1) % 16 == 0 and b.shape[2] % 16 == 0:
+    if sbn == 1 and sbk & 15 == 0 and n & 15 == 0:
         return "nmajor"
     return None
 
 
+def _fast_layout(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> str | None:
+    """ "kmajor" / "nmajor" when the call meets what the fast kernels were compiled assuming
+    (unit strides along k for a, along n for out; 16-byte aligned pointers; row strides, k or n
+    multiples of 16), else None (the fallback kernel)."""
+    return _layout_of(_operands(out, a, b, 0), out.dtype == a.dtype)
+
+
+def _picker(kernel) -> tuple:
+    got = _pickers.get(kernel)
+    if got is None:
+        unknown = [p for p in kernel.params if p not in _PARAMS]
+        if unknown:
+            raise ValueError(f"grouped triton kernel takes {unknown}, which kiln.gemm does not pass")
+        at = [_PARAMS.index(p) for p in kernel.params]
+        pick = operator.itemgetter(*at) if len(at) > 1 else (lambda v, i=at[0]: (v[i],))
+        got = _pickers[kernel] = (pick, kernel.constexprs["BLOCK_M"], kernel.constexprs["BLOCK_N"])
+    return got
+
+
+def _launch_values(kernel, v: tuple, device: torch.device) -> None:
+    """Launch `kernel` with its arguments out of _operands' `v`, on the grid of
+    ops/gemm/grouped_triton.py, in `device`'s primary context (whatever the thread has current:
+    none in a thread that never touched the GPU, where torch.cuda.device(0) binds nothing, as
+    cudaGetDevice says 0) on its current stream."""
+    pick, block_m, block_n = _pickers.get(kernel) or _picker(kernel)
+    grid = (-(-v[4] // block_m) + v[7], -(-v[5] // block_n))
+    kernel(grid, *pick(v), stream=_jit.stream_of(device), device=device.index)
+
+
 def _launch_triton(kernel, out, a, b, offs) -> None:
-    rows, n, k, groups = a.shape[0], b.shape[2], a.shape[1], b.shape[0]
-    block_m, block_n = kernel.constexprs["BLOCK_M"], kernel.constexprs["BLOCK_N"]
-    grid = (-(-rows // block_m) + groups, -(-n // block_n))
-    values = {
-        "a": a.data_ptr(), "b": b.data_ptr(), "out": out.data_ptr(), "offs": offs.data_ptr(), "rows": rows,
-        "n": n, "k": k, "groups": groups, "stride_am": a.stride(0), "stride_ak": a.stride(1),
-        "stride_bg": b.stride(0), "stride_bk": b.stride(1), "stride_bn": b.stride(2),
-        "stride_om": out.stride(0), "stride_on": out.stride(1),
-    }
-    args = [values[p] for p in kernel.params]  # a fast kernel has fewer (its unit strides are constexprs)
-    # In a's device's primary context, whatever the thread has current (none in a thread that
-    # never touched the GPU: torch.cuda.device(0) there binds nothing, as cudaGetDevice says 0).
-    kernel(grid, *args, stream=_jit.stream_of(a.device), device=a.device.index)
+    _launch_values(kernel, _operands(out, a, b, offs.data_ptr()), a.device)
 
 
 @custom_op("grouped_gemm_triton", mutates=("out",))
@@ -639,34 +720,38 @@ def _grouped_triton_op(
     ops/gemm/grouped_triton.py; offs is int32 on a's device, bounds the caller's offs (int32 or
     int64, what KILN_VALIDATE_INDICES=1 checks). Everything past the Python API's checks happens
     here, inside the custom op, so torch.compile never traces it: the environment read (a lock
-    on first use), the host check of offs (a sync), the module lookup and the driver launch."""
+    on first use), the host check of offs (a sync), the module lookup and the driver launch.
+    The common path (nothing tuned) builds no callables: autotuner.untuned says it applies."""
     if env.get("KILN_VALIDATE_INDICES"):
         _check_offs_now("kiln.grouped_mm", bounds, a.shape[0])
     device = a.device
-    mod = _jit.triton_module(GROUPED, device, "kiln.grouped_mm", dtype=a.dtype, names={"dtype": "a.dtype"})
+    tactics = _tactics_of(device, a.dtype)
     if a.shape[0] == 0 or b.shape[2] == 0:
         return
-    tactics = _triton_tactics.get(id(mod))
-    if tactics is None:
-        tactics = _triton_tactics.setdefault(id(mod), _TritonTactics(mod, device, a.dtype))
-    layout = _fast_layout(out, a, b)
+    v = _operands(out, a, b, offs.data_ptr())
+    layout = _layout_of(v, out.dtype == a.dtype)
     if layout != "kmajor":
         fallback = tactics.f32 if out.dtype == torch.float32 else tactics.generic
-        _launch_triton(tactics.nmajor if layout == "nmajor" else fallback, out, a, b, offs)
+        _launch_values(tactics.nmajor if layout == "nmajor" else fallback, v, device)
+        return
+    blocked = autotuner.untuned(tactics, "grouped_triton", device)
+    if blocked is not None:
+        _launch_values(tactics.kernels[tactics.default(blocked)], v, device)
         return
 
     def run(t: int, strict: bool, blocked: int) -> int:
         if t < 0 or (blocked >> t) & 1:
-            t = next((i for i in range(len(tactics.kernels)) if not (blocked >> i) & 1), 0)
-        _launch_triton(tactics.kernels[t], out, a, b, offs)
+            t = tactics.default(blocked)
+        _launch_values(tactics.kernels[t], v, device)
         return t
 
     def shape() -> str:
-        return (f"rows{autotuner.bucket(a.shape[0])} groups{b.shape[0]} n{b.shape[2]} k{a.shape[1]} "
-                f"{_SHORT[a.dtype]} w:kmajor out:{_SHORT[out.dtype]}")
+        return (
+            f"rows{autotuner.bucket(a.shape[0])} groups{b.shape[0]} n{b.shape[2]} k{a.shape[1]} "
+            f"{_SHORT[a.dtype]} w:kmajor out:{_SHORT[out.dtype]}"
+        )
 
-    every = list(range(len(tactics.kernels)))
-    autotuner.launch(tactics, "grouped_triton", shape, device, run, lambda: (0, every))
+    autotuner.launch(tactics, "grouped_triton", shape, device, run, lambda: (0, tactics.every))
 
 
 def _check_offs_now(api: str, offs: torch.Tensor, rows: int) -> None:
@@ -739,10 +824,15 @@ def grouped_mm(
     dtype = _dense_out_dtype(api, a, out, out_dtype)
     out = _out(api, out, (a.shape[0], b.shape[2]), dtype, a)
     if backend == "triton" and a.device.type == "cuda":
-        for name, size in (("a.shape[0]", a.shape[0]), ("a.shape[1]", a.shape[1]), ("b.shape[2]", b.shape[2]),
-                           ("b.shape[0]", b.shape[0])):
-            if size > _INT32_MAX:
-                raise ValueError(f"{api}: backend='triton' needs {name} <= {_INT32_MAX}, got {size}")
+        if max(a.shape[0], a.shape[1], b.shape[0], b.shape[2]) > _INT32_MAX:
+            for name, size in (
+                ("a.shape[0]", a.shape[0]),
+                ("a.shape[1]", a.shape[1]),
+                ("b.shape[2]", b.shape[2]),
+                ("b.shape[0]", b.shape[0]),
+            ):
+                if size > _INT32_MAX:
+                    raise ValueError(f"{api}: backend='triton' needs {name} <= {_INT32_MAX}, got {size}")
         offs32 = bounds if bounds.dtype == torch.int32 else bounds.clamp(-1, _INT32_MAX).to(torch.int32)
         _grouped_triton_op(out, a, b, offs32, bounds)  # (KILN_VALIDATE_INDICES is read in there)
         return out

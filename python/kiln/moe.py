@@ -9,15 +9,18 @@ and FlashInfer's names and argument order.
     moe_permute(hidden_states, topk_ids, num_experts)   -> (permuted [T*k, H], offs [E], src_idx [T*k])
     moe_unpermute(permuted_rows, topk_weights, src_idx) -> out [T, H]
     fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, activation="silu", w13_scale=None,
-              w2_scale=None, out=None)                         w13 [E, 2I, H]: gate rows, then up
+              w2_scale=None, out=None, *, backend="auto")     w13 [E, 2I, H]: gate rows, then up
     cutlass_fused_moe(input, token_selected_experts, token_final_scales, fc1_expert_weights,
-                      fc2_expert_weights, output_dtype=None, quant_scales=None, output=None)
-                                                               fc1 [E, 2I, H]: up rows, then gate
+                      fc2_expert_weights, output_dtype=None, quant_scales=None, output=None, *,
+                      backend="auto")                          fc1 [E, 2I, H]: up rows, then gate
 
 The layer is moe_permute -> kiln.grouped_mm (gate and up in one GEMM) -> silu/gelu-tanh-and-mul ->
 kiln.grouped_mm (down) -> moe_unpermute (the weighted sum over the k experts, float32); at decode
 sizes (T <= 64, T*k <= 8E) the two GEMMs and the activation are the small-batch expert kernels
-instead (the activation fused into the up projection; only the selected experts' weights read). Every step
+instead (the activation fused into the up projection; only the selected experts' weights read).
+backend= picks the grouped GEMMs' backend: "triton" runs both projections through
+kiln.grouped_mm(backend="triton") at every batch size (never the small-batch kernels), "cuda" and
+"auto" (today the same: measured, docs/perf/gemm-triton.md) the CUDA ones. Every step
 is a launch of a size fixed by the shapes: no host synchronisation, no allocation that depends on
 the routing, so the layer captures in a CUDA graph and replays with new routing. Expert id -1 (an
 expert of another rank) contributes nothing. Ids outside [-1, E) are an IndexError at once on the
@@ -43,6 +46,10 @@ _FLOAT = (torch.float32, torch.bfloat16, torch.float16)
 _INDEX = (torch.int32, torch.int64)
 SCORINGS = ("softmax", "sigmoid")
 ACTIVATIONS = {"silu": silu_and_mul, "gelu": gelu_tanh_and_mul}
+# The layer's GEMM backends (kiln.grouped_mm's): "auto" is "cuda" until a measurement says
+# otherwise (docs/perf/gemm-triton.md: triton loses by 1.8-2.7x from 16384 rows, wins ~10% only
+# around 128 rows).
+BACKENDS = ("auto", "cuda", "triton")
 BLOCK = 128  # fp8 block scales: 128 x 128 weights share one float32 scale (DeepSeek-V3)
 # The small-batch path (ops/moe/moe.cuh's expert kernels) runs for at most this many tokens when
 # the routed rows average at most 8 per expert; the grouped GEMMs otherwise (measured on the H200:
@@ -479,8 +486,21 @@ def _experts_op(
 
 
 def _layer(
-    api, hidden_states, w13, w2, topk_weights, topk_ids, activation, w13_scale, w2_scale, out, up_first
+    api,
+    hidden_states,
+    w13,
+    w2,
+    topk_weights,
+    topk_ids,
+    activation,
+    w13_scale,
+    w2_scale,
+    out,
+    up_first,
+    backend="auto",
 ):
+    if backend not in BACKENDS:
+        raise ValueError(f"{api}: backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     x = _tensor(api, "hidden_states", hidden_states, 2)
     if x.dtype not in _16BIT:
         raise TypeError(f"{api}: hidden_states.dtype must be bfloat16 or float16, got {x.dtype}")
@@ -529,7 +549,7 @@ def _layer(
     permuted, offs, src_idx = moe_permute(x, ids, e)
     n = permuted.shape[0]
     unit = w13.stride(-1) == 1 and w2.stride(-1) == 1  # the small-batch kernels stream weight rows
-    if unit and t <= SMALL_BATCH_TOKENS and n <= SMALL_BATCH_ROWS_PER_EXPERT * e:
+    if backend != "triton" and unit and t <= SMALL_BATCH_TOKENS and n <= SMALL_BATCH_ROWS_PER_EXPERT * e:
         # Few rows per expert (decode): the small-batch kernels read each selected expert's weights
         # once (fp8 ones as they are, scaled in the kernel), the activation fused into the up
         # projection.
@@ -543,12 +563,12 @@ def _layer(
     w2 = _dequantized(w2, w2_scale if fp8_2 else None, x.dtype)
     if up_first:  # FlashInfer's fc1: up rows, then gate; the activation takes the gate first
         up = torch.empty((permuted.shape[0], two_i), dtype=x.dtype, device=x.device)
-        grouped_mm(permuted, w13[:, i:].transpose(1, 2), offs, out=up[:, :i])
-        grouped_mm(permuted, w13[:, :i].transpose(1, 2), offs, out=up[:, i:])
+        grouped_mm(permuted, w13[:, i:].transpose(1, 2), offs, out=up[:, :i], backend=backend)
+        grouped_mm(permuted, w13[:, :i].transpose(1, 2), offs, out=up[:, i:], backend=backend)
     else:
-        up = grouped_mm(permuted, w13.transpose(1, 2), offs)
+        up = grouped_mm(permuted, w13.transpose(1, 2), offs, backend=backend)
     act = ACTIVATIONS[activation](up)
-    down = grouped_mm(act, w2.transpose(1, 2), offs)
+    down = grouped_mm(act, w2.transpose(1, 2), offs, backend=backend)
     return _unpermute(api, down, topk_weights.to(torch.float32), src_idx, out)
 
 
@@ -564,6 +584,8 @@ def fused_moe(
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    *,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """The MoE layer (vLLM's and SGLang's weight layout):
     ``out[t] = sum_j topk_weights[t, j] * w2[e] @ (act(w13[e, :I] @ x_t) * (w13[e, I:] @ x_t))``,
@@ -578,6 +600,14 @@ def fused_moe(
         topk_ids: ``[T, k]`` int32 (int64 converted), in [-1, E).
         activation: ``"silu"`` or ``"gelu"`` (the tanh approximation).
         out: optional ``[T, H]`` output of the hidden states' dtype.
+        backend: the GEMMs' backend. ``"triton"``: both projections through
+            ``kiln.grouped_mm(backend="triton")`` (the Triton kernel) at every batch size, never
+            the decode-size CUDA expert kernels (so fp8 weights are dequantised per call at every
+            size). ``"cuda"``: the CUDA grouped GEMMs, and the small-batch expert kernels where
+            they apply. ``"auto"`` (default): what measurement says, today ``"cuda"`` (on the
+            H200 the Triton grouped GEMM loses by 1.8-2.7x from 16384 rows and wins only around
+            128 rows, by ~10%: docs/perf/gemm-triton.md). CPU tensors run the host backend
+            whatever it says (with ``"triton"``, its grouped path at every size).
 
     The up and down projections are rounded to the hidden states' dtype (the GEMM outputs; at
     decode sizes the activation product and the down projection), the k-way sum is float32.
@@ -597,6 +627,7 @@ def fused_moe(
         w2_scale,
         out,
         up_first=False,
+        backend=backend,
     )
 
 
@@ -611,6 +642,8 @@ def cutlass_fused_moe(
     output_dtype: torch.dtype | None = None,
     quant_scales: list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None,
     output: torch.Tensor | None = None,
+    *,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """FlashInfer's cutlass_fused_moe (its argument order and weight layout) for the same layer as
     :func:`fused_moe`: ``fc1_expert_weights [E, 2I, H]`` holds the **up** rows first, then the
@@ -626,6 +659,9 @@ def cutlass_fused_moe(
             FlashInfer's four-entry per-tensor list (with activation scales) is not accepted: kiln
             does not quantise the activations.
         output: optional ``[T, H]`` output.
+        backend: the GEMMs' backend, as for :func:`fused_moe` (kiln's, not a FlashInfer argument):
+            ``"auto"`` (default, today ``"cuda"``), ``"cuda"``, or ``"triton"`` (the Triton grouped
+            GEMM at every batch size).
     """
     api = "kiln.cutlass_fused_moe"
     _tensor(api, "input", input, 2)
@@ -651,4 +687,5 @@ def cutlass_fused_moe(
         fc2_scale,
         output,
         up_first=True,
+        backend=backend,
     )

@@ -451,6 +451,34 @@ def test_the_launcher_packs_arguments_in_the_compiled_order(toy, ws, monkeypatch
         k((1,), 0x1000, 77)
 
 
+def test_the_launcher_refuses_a_value_its_type_cannot_hold_and_a_bad_grid(toy, ws, monkeypatch):
+    """The argument buffer is packed with one struct.pack_into: a value out of its type's range
+    (an i32 past 2^31 - 1, a negative pointer, a float past fp32's range) is a ValueError naming
+    the argument, never a launch with a wrapped or infinite value (what ctypes' slots made of
+    them); a grid of 4 dimensions is refused (it was cut to 3)."""
+    from kiln.runtime import triton_module
+
+    k = jit.load(toy_triton_spec(toy), BOTH).kernel("toy_fill")
+    k._functions[4242] = (0xDEAD, k.cubin_for(parse_arch("9.0")))
+    monkeypatch.setattr(triton_module, "_ctx_cached", lambda: 4242)
+    launched = []
+    monkeypatch.setitem(triton_module._fast, "launch", lambda *a: launched.append(a[1:4]) or 0)
+    with pytest.raises(ValueError, match=r"toy_fill: argument n = 2147483648 does not fit its type i32"):
+        k((1,), 0x1000, 2**31, 1.0)
+    with pytest.raises(ValueError, match=r"toy_fill: argument out = -16 does not fit its type \*fp32"):
+        k((1,), -16, 7, 1.0)
+    with pytest.raises(ValueError, match=r"toy_fill: argument value = 1e\+40 does not fit its type fp32"):
+        k((1,), 0x1000, 7, 1e40)  # (ctypes made it inf)
+    with pytest.raises(
+        ValueError, match=r"toy_fill: grid must have 1, 2 or 3 dimensions, got \(1, 1, 1, 2\)"
+    ):
+        k((1, 1, 1, 2), 0x1000, 7, 1.0)
+    assert launched == []
+    k((5, 1, 3), 0x1000, -(2**31), 1.0)  # the range's ends launch, 3-D grids too
+    k([4], 0x1000, 2**31 - 1, 1.0)
+    assert launched == [(5, 1, 3), (4, 1, 1)]
+
+
 def test_the_launcher_refuses_an_argument_that_breaks_a_16_hint(toy, ws, monkeypatch):
     from kiln.runtime import triton_module
     from kiln.runtime.spec import CompileSpec, TritonKernel, Unit

@@ -14,10 +14,13 @@ and the dynamic shared-memory opt-in above 48 KiB), and calls cuLaunchKernel wit
 packed in the order triton compiled them: the non-constexpr arguments, then the global and
 profile scratch pointers (null: kernels that need scratch are refused at load). Pointers are
 passed as integers (a tensor's data_ptr()), the caller (the op's Python API) having validated
-shapes, dtypes and devices. The argument buffers are built once per launcher and only their
-values change per call: the host cost is one ctypes call plus one store per argument
-(benchmarks/triton_overhead.py measures it against an nvcc module of the same arity). An
-argument compiled with a ":16" hint is checked to be a multiple of 16 before the launch.
+shapes, dtypes and devices. The argument buffer (one 8-byte slot per argument) and the pointer
+array cuLaunchKernel reads are built once per launcher; a call packs every value into it with one
+struct.pack_into, which also refuses a value that does not fit its type (a ValueError naming the
+argument, never a truncated launch), then makes one ctypes call (benchmarks/triton_overhead.py
+measures it against an nvcc module of the same arity, and with --host-only the Python cost on a
+machine with no GPU). An argument compiled with a ":16" hint is checked to be a multiple of 16
+before the launch.
 
 Contexts: `launcher(..., device=i)` (what kiln's ops pass: the tensors' device index) launches in
 device i's primary context, the one torch and the CUDA runtime use, whatever the calling thread
@@ -32,8 +35,10 @@ the launch goes to the current context, and a thread with none gets NoCudaContex
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import json
+import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +54,11 @@ _CTYPES = {
     "u64": ctypes.c_uint64,
     "fp32": ctypes.c_float,
 }
+# Each argument's struct code in its 8-byte slot ("=": standard sizes, no implicit padding);
+# pointers are unsigned 64-bit integers (a tensor's data_ptr()).
+_PACK = {"i32": "i4x", "u32": "I4x", "i64": "q", "u64": "Q", "fp32": "f4x"}
+_POINTER_PACK = "Q"
+_SLOT = 8
 _SMEM_DEFAULT = 48 * 1024
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
@@ -78,11 +88,11 @@ class Cubin:
     def name(self) -> str:
         return self.launch["name"]
 
-    @property
+    @functools.cached_property
     def shared(self) -> int:
         return int(self.launch["shared"])
 
-    @property
+    @functools.cached_property
     def block(self) -> int:
         return 32 * int(self.launch["num_warps"])
 
@@ -333,19 +343,23 @@ class TritonKernel:
         self.entry = entry
         self._functions: dict[int, tuple[int, Cubin]] = {}  # context -> (CUfunction, cubin)
         self._mutex = threading.Lock()
-        self._call_lock = threading.Lock()  # the argument buffers are shared by calls
+        self._call_lock = threading.Lock()  # the argument buffer is shared by calls
         params = module.cubins[entry][0].launch["params"]
         self.params = [p[0] for p in params]
+        self._types = [p[1] for p in params]
         # (index, name, multiple) of the arguments compiled as multiples of 16 (":16").
         self._aligned = [(i, p[0], p[2]) for i, p in enumerate(params) if len(p) > 2 and p[2] > 1]
         # The specialisation's tl.constexpr values (tile sizes a caller's grid depends on).
         self.constexprs: dict = dict(module.cubins[entry][0].launch.get("constexprs", {}))
-        self._slots = [ctypes.c_uint64() if p[1].startswith("*") else _CTYPES[p[1]]() for p in params]
-        self._slots += [ctypes.c_uint64(0), ctypes.c_uint64(0)]  # global, profile scratch: null
-        self._argv = (ctypes.c_void_p * len(self._slots))(
-            *[ctypes.cast(ctypes.byref(s), ctypes.c_void_p) for s in self._slots]
-        )
         self._n = len(params)
+        # The argument buffer: slot i (8 bytes at 8 i) holds argument i, then the global and
+        # profile scratch pointers (null: never packed, the buffer starts zeroed).
+        self._pack = struct.Struct(
+            "=" + "".join(_POINTER_PACK if ty.startswith("*") else _PACK[ty] for ty in self._types)
+        )
+        self._buffer = (ctypes.c_char * (_SLOT * (self._n + 2)))()
+        base = ctypes.addressof(self._buffer)
+        self._argv = (ctypes.c_void_p * (self._n + 2))(*[base + _SLOT * i for i in range(self._n + 2)])
 
     def cubin_for(self, arch: Arch) -> Cubin:
         fits = [c for c in self.module.cubins[self.entry] if runs_on(c.arch, arch)]
@@ -389,7 +403,8 @@ class TritonKernel:
         order (pointers as integers) on CUDA stream handle `stream` (a stream of `device`'s
         primary context, as torch's are), in device `device`'s primary context (None: the
         calling thread's current context; see the module docstring). An argument compiled as a
-        multiple of 16 (":16" in its signature) that is not one is a ValueError, never a launch."""
+        multiple of 16 (":16" in its signature) that is not one, or a value its type cannot hold,
+        is a ValueError, never a launch."""
         if len(args) != self._n:
             raise TypeError(
                 f"{self.entry} takes {self._n} arguments ({', '.join(self.params)}), got {len(args)}"
@@ -408,15 +423,37 @@ class TritonKernel:
                     self(grid, *args, stream=stream, device=None)
                 return
         fn, cubin = self._functions.get(ctx) or self.function()
-        gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+        dims = len(grid)
+        if dims == 2:
+            (gx, gy), gz = grid, 1
+        elif dims == 1:
+            (gx,), gy, gz = grid, 1, 1
+        elif dims == 3:
+            gx, gy, gz = grid
+        else:
+            raise ValueError(f"{self.entry}: grid must have 1, 2 or 3 dimensions, got {tuple(grid)}")
         if gx <= 0 or gy <= 0 or gz <= 0:
             return  # an empty grid launches nothing (cuLaunchKernel would refuse it)
+        launch = _fast.get("launch") or _bind_launch()
         with self._call_lock:
-            for slot, value in zip(self._slots, args, strict=False):  # + 2 scratch slots
-                slot.value = value
-            rc = _launch(fn, gx, gy, gz, cubin.block, 1, 1, cubin.shared, stream, self._argv, None)
+            try:
+                self._pack.pack_into(self._buffer, 0, *args)
+            except (struct.error, OverflowError):  # (OverflowError: a float past fp32's range)
+                self._refuse_unpackable(args)
+                raise
+            rc = launch(fn, gx, gy, gz, cubin.block, 1, 1, cubin.shared, stream, self._argv, None)
         if rc != 0:
             check(rc, f"cuLaunchKernel({cubin.name})")
+
+    def _refuse_unpackable(self, args) -> None:
+        for name, ty, value in zip(self.params, self._types, args, strict=True):
+            code = _POINTER_PACK if ty.startswith("*") else _PACK[ty]
+            try:
+                struct.pack("=" + code, value)
+            except (struct.error, OverflowError) as e:
+                raise ValueError(
+                    f"{self.entry}: argument {name} = {value!r} does not fit its type {ty} ({e})"
+                ) from None
 
 
 _tls = threading.local()  # per thread: the buffer cuCtxGetCurrent writes (ctypes drops the GIL)
@@ -425,11 +462,9 @@ _tls = threading.local()  # per thread: the buffer cuCtxGetCurrent writes (ctype
 _fast: dict = {}  # the two driver entry points of the hot path, bound once
 
 
-def _launch(*args) -> int:
-    fn = _fast.get("launch")
-    if fn is None:
-        fn = _fast["launch"] = driver().cuLaunchKernel
-    return fn(*args)
+def _bind_launch():
+    fn = _fast["launch"] = driver().cuLaunchKernel
+    return fn
 
 
 def _ctx_cached() -> int:

@@ -467,6 +467,7 @@ FUSED_MOE = TraceTemplate(
         "w13_scale": "fp8 weights only",
         "w2_scale": "fp8 weights only",
         "out": "a new tensor",
+        "backend": "which GEMMs run (auto: the CUDA ones; triton), not the workload",
     },
     make_inputs=_layer_inputs(("hidden_states", "topk_ids", "topk_weights", "w13", "w2")),
     reference=fused_moe_reference,
@@ -489,7 +490,11 @@ CUTLASS_FUSED_MOE = TraceTemplate(
         "output_dtype": Scalar("dtype", None, "the input's dtype"),
     },
     outputs={"out": Tensor(("tokens", "hidden"))},
-    options={"quant_scales": "fp8 weights only", "output": "a new tensor"},
+    options={
+        "quant_scales": "fp8 weights only",
+        "output": "a new tensor",
+        "backend": "which GEMMs run (auto: the CUDA ones; triton), not the workload",
+    },
     make_inputs=_layer_inputs(
         ("input", "token_selected_experts", "token_final_scales", "fc1_expert_weights", "fc2_expert_weights")
     ),

@@ -448,6 +448,71 @@ def test_the_layout_choice_and_the_launch_arguments_on_cpu_tensors():
     )
 
 
+def test_the_untuned_path_runs_the_first_unblocked_config(tmp_path, kiln_env, monkeypatch):
+    """With nothing tuned, the op launches the default kmajor config straight away (no callables,
+    autotuner.untuned), never a blocked one; under a tuning context it goes through
+    autotuner.launch as before. The launches are recorded by a stand-in for _launch_values; the
+    module is the real cross-compiled one, its launch arguments those of _operands."""
+    pytest.importorskip("triton", reason="cross-compiling needs triton==3.6.0 (pip install -e '.[test]')")
+    from kiln import autotuner, gemm
+
+    mod = jit.load(
+        module_spec("//ops/gemm:grouped", {"dtype": "bf16"}, "triton"), ArchContext.current("8.0;9.0a")
+    )
+    tactics = gemm._TritonTactics(mod, torch.device("cpu"), BF16)
+    monkeypatch.setattr(gemm, "_tactics_of", lambda device, dtype: tactics)
+    seen = []
+    monkeypatch.setattr(gemm, "_launch_values", lambda kernel, v, device: seen.append((kernel, v)))
+    a, b, offs = operands([3, 0, 13], 32, 48, BF16, "cpu", 5)
+    out = torch.empty(16, 32, dtype=BF16)
+    assert gemm._fast_layout(out, a, b) == "kmajor"
+    gemm._grouped_triton_op(out, a, b, offs, offs)
+    assert seen == [(tactics.kernels[0], gemm._operands(out, a, b, offs.data_ptr()))]
+    blocklist = tmp_path / "blocklist.json"
+    blocklist.write_text(
+        json.dumps(
+            {
+                "format": "kiln-tactic-blocklist",
+                "version": 1,
+                "blocked": [{"tactic": "grouped_mm_kmajor", "op": "grouped_triton", "why": "test"}],
+            }
+        )
+    )
+    kiln_env.set("KILN_TACTIC_BLOCKLIST", str(blocklist))
+    assert autotuner.untuned(tactics, "grouped_triton", torch.device("cpu")) == 0b001
+    del seen[:]
+    gemm._grouped_triton_op(out, a, b, offs, offs)
+    assert [k for k, _ in seen] == [tactics.kernels[1]]
+    assert tactics.default(0b011) == 2 and tactics.default(0b111) == 0  # (all blocked: the first)
+    with autotuner.autotune(tune_mode=False):  # a context: the op takes autotuner.launch's path
+        assert autotuner.untuned(tactics, "grouped_triton", torch.device("cpu")) is None
+        del seen[:]
+        gemm._grouped_triton_op(out, a, b, offs, offs)
+        assert [k for k, _ in seen] == [tactics.kernels[1]]
+
+
+def test_the_module_lookup_is_cached_except_while_api_logging_observes_it(monkeypatch):
+    """_tactics_of: one _jit.triton_module call per (device, dtype), then a dict lookup; while API
+    logging's module observer is on, every call goes through _jit.triton_module (which reports
+    the module), so a logged call still records the module it used."""
+    pytest.importorskip("triton", reason="cross-compiling needs triton==3.6.0 (pip install -e '.[test]')")
+    from kiln import gemm
+
+    mod = jit.load(
+        module_spec("//ops/gemm:grouped", {"dtype": "bf16"}, "triton"), ArchContext.current("8.0;9.0a")
+    )
+    lookups = []
+    monkeypatch.setattr(gemm._jit, "triton_module", lambda *a, **kw: lookups.append(a[1]) or mod)
+    monkeypatch.setattr(gemm, "_triton_by_call", {})
+    dev = torch.device("cuda", 3)  # (a key only: nothing runs)
+    first = gemm._tactics_of(dev, BF16)
+    assert gemm._tactics_of(dev, BF16) is first and lookups == [dev]
+    assert first.mod is mod and first.tactic_names[0] == "grouped_mm_kmajor"
+    monkeypatch.setattr(gemm._jit, "module_observer", lambda *a: None)
+    assert gemm._tactics_of(dev, BF16) is first and gemm._tactics_of(dev, BF16) is first
+    assert lookups == [dev] * 3
+
+
 def test_the_launch_names_the_tensors_device(monkeypatch):
     """_launch_triton launches in a's device's context (device=a.device.index: the launcher binds
     its primary context) on that device's current stream, whatever the thread's current device."""
@@ -531,3 +596,31 @@ def test_the_overhead_benchmarks_reference_check():
 
     with pytest.raises(AssertionError, match="backend=cuda"):
         bench.check_reference(a, b, offs, out, run=cuda_is_off_by_a_bit)
+
+
+def test_the_overhead_benchmarks_host_only_mode(tmp_path):
+    """benchmarks/triton_overhead.py --host-only on this machine: the CUDA driver is the stub
+    (benchmarks/stub_libcuda.c, compiled with cc), which counts every launch that reaches it; each
+    triton case must have launched once per call (else the script exits non-zero), and each record
+    says so. In a child process: the stub must not become this session's libcuda.so.1."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton", reason="the host-only mode loads the cross-compiled triton module")
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("needs a C compiler for the stub driver")
+    if kiln.utils.cuda_available():
+        pytest.skip("a machine with a GPU measures the real driver (triton_overhead.py without --host-only)")
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "triton_overhead.py"
+    out = tmp_path / "host.jsonl"
+    subprocess.run(
+        [sys.executable, str(path), "--host-only", "--calls", "50", "--reps", "2", "--out", str(out)],
+        check=True,
+        timeout=300,
+    )
+    records = {r["case"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert {"harness", "launch", "op_nmajor", "op_kmajor"} <= set(records)
+    for case in ("launch", "op_nmajor", "op_kmajor"):
+        assert records[case]["launch_check"] == "passed" and records[case]["median_us"] > 0
