@@ -10,11 +10,13 @@
 #   moe.jsonl        every benchmark record (kiln, torch, FlashInfer), each after a reference check
 #   bench.log        the harness's tables and progress, routine by routine
 #   results.md       the Markdown table of moe.jsonl
+#   moe_fp8.jsonl    benchmarks/moe_fp8.py: DeepSeek-V3 with fp8 block-scaled weights at 256 experts
 #
 #   bash scripts/moe_round.sh [pytest args, default: tests/ops/moe]
 #
 # SKIP_TESTS=1 / SKIP_BENCH=1 / SKIP_PEERS=1 / SKIP_GRAPH=1 (the CUDA-graph run of the decode
-# sizes) / SKIP_PIECES=1 (routing, align, permute, unpermute) leave a step out. TOKENS (default "1 16 64 512 4096
+# sizes) / SKIP_PIECES=1 (routing, align, permute, unpermute) / SKIP_FP8=1 (benchmarks/moe_fp8.py;
+# FP8_TOKENS picks its token counts) leave a step out. TOKENS (default "1 16 64 512 4096
 # 16384") and MODELS (default "mixtral-8x7b qwen3-30b-a3b deepseek-v3") pick the layer shapes;
 # REPEATS (default 10) and TARGET_MS (default 1) size each measurement. DEADLINE (s after the
 # start, default 230) bounds every step after the install: whatever finished is kept.
@@ -109,6 +111,19 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   if [ -z "${SKIP_PIECES:-}" ]; then
     run_bench moe_topk,moe_align_block_size kiln,torch "$(SMALL_SHAPES)"
     run_bench moe_permute,moe_unpermute kiln,torch "$(SMALL_SHAPES)"
+  fi
+  # DeepSeek-V3 at its real 256 experts with fp8 block-scaled weights (one copy of each input:
+  # the harness's three would not fit), against the torch pipeline on the dequantised weights.
+  if [ -z "${SKIP_FP8:-}" ] && [ "$(left)" -gt 30 ]; then
+    step "benchmarks/moe_fp8.py (DeepSeek-V3 fp8, E 256)"
+    timeout "$(left)" python3 benchmarks/moe_fp8.py --tokens ${FP8_TOKENS:-1 16 64 512 4096} --out "$OUT/moe_fp8.jsonl" \
+      </dev/null >>"$OUT/bench.log" 2>&1 || { status=1; tail -n 20 "$OUT/bench.log"; }
+    python3 -c "
+import json, sys
+for r in map(json.loads, open(sys.argv[1])):
+    print('fp8', r['tokens'], r['backend'], 'graph' if r['cuda_graph'] else 'eager', round(r['median_us'], 1), 'us',
+          round(100 * r['fraction_of_fp8_floor']), '% of the fp8 floor')
+" "$OUT/moe_fp8.jsonl" 2>/dev/null | tee -a "$OUT/steps.log"
   fi
   if [ -z "${SKIP_PEERS:-}" ] && [ "${have_peers:-0}" = 1 ]; then
     run_bench cutlass_fused_moe kiln,flashinfer "$(layer_shapes)"
