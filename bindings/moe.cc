@@ -9,6 +9,7 @@
 //   gather(*, out, hidden, src_idx, top_k, errors=0, stream=0)
 //   unpermute(*, out, rows, weights, src_idx, inv, errors=0, stream=0)
 //   experts(*, out, x, w, offs, gated, act, gate_row0=0, up_row0=0, w_scale=None, errors=0, stream=0)
+//   dequant(*, out, w, w_scale, stream=0)
 //
 // logits [T, E] (module dtype, contiguous rows); weights float32 and ids int32 [T, k] contiguous;
 // bias float32 [E]; sort's ids int32, any shape, contiguous (flattened to n); hidden/out/rows of
@@ -305,6 +306,40 @@ void experts(py::handle out_obj, py::handle x_obj, py::handle w_obj, py::handle 
   kb::raise_if_failed(s, kiln::spec::kUri);
 }
 
+// The fp8 weights w [E, rows, cols] (contiguous e4m3) times w_scale, into out (contiguous, the
+// module's dtype, w's shape).
+void dequant(py::handle out_obj, py::handle w_obj, py::handle scale_obj, uintptr_t stream) {
+  TensorView w = tensor(w_obj, "w", nullptr, kFp8, "float8_e4m3fn", true);
+  if (w.ndim != 3) kb::value_error("w must be 3-D [experts, rows, cols], got shape " + w.shape_str());
+  TensorView out = tensor(out_obj, "out", &w, kDType, "the module's dtype", true);
+  kb::check_same_shape(out, w);
+  const int64_t E = w.shape[0];
+  const int64_t srows = (w.shape[1] + km::kScaleBlock - 1) / km::kScaleBlock;
+  const int64_t scols = (w.shape[2] + km::kScaleBlock - 1) / km::kScaleBlock;
+  TensorView s = tensor(scale_obj, "w_scale", &w, kFloat, "float32", true);
+  int scale_mode = 0;
+  if (s.ndim == 1 && s.shape[0] == E) {
+    scale_mode = 1;
+  } else if (s.ndim == 3 && s.shape[0] == E && s.shape[1] == srows && s.shape[2] == scols) {
+    scale_mode = 2;
+  } else {
+    kb::value_error("w_scale must be [" + str(E) + "] or [" + str(E) + ", " + str(srows) + ", " + str(scols) +
+                    "] (128 x 128 blocks), got " + s.shape_str());
+  }
+  kb::check_disjoint(out, w);
+  km::DequantParams p{};
+  p.out = out.data, p.w = w.data, p.scale = static_cast<const float*>(s.data);
+  p.experts = E, p.rows = w.shape[1], p.cols = w.shape[2];
+  p.scale_mode = scale_mode, p.scale_rows = srows, p.scale_cols = scols;
+  const kiln::LaunchContext ctx = kb::launch_context(w, stream, 0);
+  kiln::Status st;
+  {
+    py::gil_scoped_release no_gil;
+    st = km::dequant(p, ctx);
+  }
+  kb::raise_if_failed(st, kiln::spec::kUri);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(KILN_MODULE_NAME, m) {
@@ -339,4 +374,6 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
         py::arg("gated"), py::arg("act"), py::arg("gate_row0") = 0, py::arg("up_row0") = 0,
         py::arg("w_scale") = py::none(), py::arg("errors") = 0, py::arg("stream") = 0,
         "small-batch expert GEMM (gated: the up projection with its activation)");
+  m.def("dequant", &dequant, py::kw_only(), py::arg("out"), py::arg("w"), py::arg("w_scale"), py::arg("stream") = 0,
+        "fp8 e4m3 weights times their per-expert or 128 x 128 block scales, into the module's dtype");
 }

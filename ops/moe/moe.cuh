@@ -549,20 +549,27 @@ constexpr int kMmaRows = 8 * kMmaTiles;
 constexpr int kMmaCols = 16;
 constexpr int kMmaChunk = 32;
 
-// Eight weights of one row as four A registers of T (two elements each, the lower k in the low half).
-template <typename T, typename W, int SCALE>
-__device__ __forceinline__ void weight_regs(uint32_t (&r)[4], const W* row, int64_t k, const ExpertsParams& p,
-                                            int64_t e, int64_t w_row) {
-  if constexpr (SCALE == 0) {
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(row + k));
+// A lane's 8 weights of one row in a chunk, as loaded: 16 bytes of 16-bit weights, 8 of fp8.
+template <typename W>
+using WeightRaw = std::conditional_t<sizeof(W) == 1, uint2, uint4>;
+
+template <typename W>
+__device__ __forceinline__ WeightRaw<W> load_weights(const W* row, int64_t k) {
+  return __ldg(reinterpret_cast<const WeightRaw<W>*>(row + k));
+}
+
+// Loaded weights as four A registers of T (two elements each, the lower k in the low half); fp8
+// ones times `s` (the row's block scale; 1 with a per-expert scale, which goes on the sums).
+template <typename T, typename W>
+__device__ __forceinline__ void weight_regs(uint32_t (&r)[4], const WeightRaw<W>& raw, float s) {
+  if constexpr (sizeof(W) != 1) {
     r[0] = raw.x, r[1] = raw.y, r[2] = raw.z, r[3] = raw.w;
   } else {
-    const Vec<W, 8> v = Vec<W, 8>::load_ro(row + k);
-    // k is the chunk's start: a chunk of 32 lies in one 128-column scale block.
-    const float s = SCALE == 2 ? weight_scale<2>(p, e, w_row, k) : 1.f;
+    W v[8];
+    memcpy(v, &raw, sizeof v);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      r[i] = pack2<T>(s * Convert<W>::to_float(v.v[2 * i]), s * Convert<W>::to_float(v.v[2 * i + 1]));
+      r[i] = pack2<T>(s * Convert<W>::to_float(v[2 * i]), s * Convert<W>::to_float(v[2 * i + 1]));
     }
   }
 }
@@ -570,18 +577,21 @@ __device__ __forceinline__ void weight_regs(uint32_t (&r)[4], const W* row, int6
 // One pass's depth loop over NT tiles of 8 rows (rows r0 .. r0 + m of the expert): each step
 // issues all its loads (U chunks of NG x 2 weight rows and NT x rows) before its MMAs. A tile's
 // rows past m read row r0 + m - 1 again; their sums land in columns of C that are never stored.
-template <typename T, typename W, int NG, int NT, int SCALE>
+template <typename T, typename W, int NG, int NT, int SCALE, int UMUL>
 __device__ __forceinline__ void mma_pass(float (&acc)[NG][kMmaTiles][4], const ExpertsParams& p, const W* w,
                                          const int64_t (&rows_of)[2][2], const T* x, int64_t e, int64_t r0, int m,
                                          int warp, int g) {
-  constexpr int U = std::max(1, (NG == 2 ? 2 : 4) / (NT > 2 ? 4 : NT));  // chunks in flight per warp
+  // Chunks in flight per warp: fewer with more tiles (registers), UMUL times more in the one-tile
+  // form with fp8 weights (8-byte loads: the same bytes in flight as 16-bit weights).
+  constexpr int U = std::max(1, (NG == 2 ? 2 : 4) * UMUL / (NT > 2 ? 4 : NT));
   constexpr int64_t kStep = int64_t(kMmaWarps) * kMmaChunk;
   const T* xr[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) xr[t] = x + (r0 + std::min(t * 8 + g, m - 1)) * p.x_stride;
 #pragma unroll 1
   for (int64_t kb = int64_t(warp) * kMmaChunk; kb < p.depth; kb += U * kStep) {
-    uint32_t a[U][NG][2][4];  // [chunk][gate/up][row g / g + 8][4 registers]
+    WeightRaw<W> a[U][NG][2];  // [chunk][gate/up][row g / g + 8], converted at the MMAs
+    float sc[U][NG][2];        // their block scales (block-scaled fp8 only)
     uint4 xb[U][NT];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -590,8 +600,11 @@ __device__ __forceinline__ void mma_pass(float (&acc)[NG][kMmaTiles][4], const E
 #pragma unroll
         for (int h = 0; h < NG; ++h)
 #pragma unroll
-          for (int j = 0; j < 2; ++j)
-            weight_regs<T, W, SCALE>(a[u][h][j], w + rows_of[h][j] * p.w_row_stride, k, p, e, rows_of[h][j]);
+          for (int j = 0; j < 2; ++j) {
+            a[u][h][j] = load_weights(w + rows_of[h][j] * p.w_row_stride, k);
+            // k is the chunk's start: a chunk of 32 lies in one 128-column scale block.
+            sc[u][h][j] = SCALE == 2 ? weight_scale<2>(p, e, rows_of[h][j], k) : 1.f;
+          }
 #pragma unroll
         for (int t = 0; t < NT; ++t) xb[u][t] = *reinterpret_cast<const uint4*>(xr[t] + k);
       }
@@ -600,11 +613,14 @@ __device__ __forceinline__ void mma_pass(float (&acc)[NG][kMmaTiles][4], const E
     for (int u = 0; u < U; ++u) {
       if (kb + u * kStep >= p.depth) break;
 #pragma unroll
-      for (int t = 0; t < NT; ++t) {
+      for (int h = 0; h < NG; ++h) {
+        uint32_t r[2][4];
+        weight_regs<T, W>(r[0], a[u][h][0], sc[u][h][0]);
+        weight_regs<T, W>(r[1], a[u][h][1], sc[u][h][1]);
+        const uint32_t lo[4] = {r[0][0], r[1][0], r[0][1], r[1][1]};
+        const uint32_t hi[4] = {r[0][2], r[1][2], r[0][3], r[1][3]};
 #pragma unroll
-        for (int h = 0; h < NG; ++h) {
-          const uint32_t lo[4] = {a[u][h][0][0], a[u][h][1][0], a[u][h][0][1], a[u][h][1][1]};
-          const uint32_t hi[4] = {a[u][h][0][2], a[u][h][1][2], a[u][h][0][3], a[u][h][1][3]};
+        for (int t = 0; t < NT; ++t) {
           mma_16x8x16<T>(acc[h][t], lo, xb[u][t].x, xb[u][t].y);
           mma_16x8x16<T>(acc[h][t], hi, xb[u][t].z, xb[u][t].w);
         }
@@ -622,7 +638,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MAX_TILES == 1 ? 4
                                                   : SCALE == 2   ? 2
                                                                  : 3) experts_mma_kernel(const ExpertsParams p) {
   constexpr int NG = GATED ? 2 : 1;  // gate (and up) weight tiles
-  constexpr int U = GATED ? 2 : 4;   // chunks in flight per warp
+  constexpr int UMUL = sizeof(W) == 1 && MAX_TILES == 1 ? 2 : 1;
   __shared__ float red[kMmaWarps - 1][NG][kMmaTiles][4][32];
   const int64_t e = blockIdx.y;
   int64_t start, end;
@@ -647,20 +663,20 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MAX_TILES == 1 ? 4
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[h][t][i] = 0.f;
     if constexpr (MAX_TILES == 1) {
-      mma_pass<T, W, NG, 1, SCALE>(acc, p, w, rows_of, x, e, r0, m, warp, g);
+      mma_pass<T, W, NG, 1, SCALE, UMUL>(acc, p, w, rows_of, x, e, r0, m, warp, g);
     } else {
       switch (tiles) {  // the tile count as a constant, so each step's loads all go out before its MMAs
         case 1:
-          mma_pass<T, W, NG, 1, SCALE>(acc, p, w, rows_of, x, e, r0, m, warp, g);
+          mma_pass<T, W, NG, 1, SCALE, UMUL>(acc, p, w, rows_of, x, e, r0, m, warp, g);
           break;
         case 2:
-          mma_pass<T, W, NG, 2, SCALE>(acc, p, w, rows_of, x, e, r0, m, warp, g);
+          mma_pass<T, W, NG, 2, SCALE, 1>(acc, p, w, rows_of, x, e, r0, m, warp, g);
           break;
         case 3:
-          mma_pass<T, W, NG, 3, SCALE>(acc, p, w, rows_of, x, e, r0, m, warp, g);
+          mma_pass<T, W, NG, 3, SCALE, 1>(acc, p, w, rows_of, x, e, r0, m, warp, g);
           break;
         default:
-          mma_pass<T, W, NG, 4, SCALE>(acc, p, w, rows_of, x, e, r0, m, warp, g);
+          mma_pass<T, W, NG, 4, SCALE, 1>(acc, p, w, rows_of, x, e, r0, m, warp, g);
       }
     }
     // Split-k sum: warps 1.. hand their partial tiles to warp 0, which finishes the columns.
@@ -789,6 +805,42 @@ Status launch_experts(const ExpertsParams& p, LaunchContext ctx) {
                                 " scale_mode=" + std::to_string(p.scale_mode));
   }
   return cuda_status(cudaGetLastError(), "moe experts kernel launch");
+}
+
+// fp8 weights to the module's dtype: 8 elements a thread (one 8-byte load, one 16-byte store of
+// 16-bit elements) where the columns allow, one otherwise; a vector of 8 lies in one scale block.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kCopyThreads) dequant_kernel(const DequantParams p) {
+  const int64_t per = p.rows * p.cols, n = p.experts * per / VEC;
+  const auto* w = static_cast<const e4m3_t*>(p.w);
+  T* out = static_cast<T*>(p.out);
+  for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < n; v += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = v * VEC, e = i / per, rem = i - e * per, r = rem / p.cols, c = rem - r * p.cols;
+    const float s =
+        p.scale_mode == 1 ? p.scale[e] : p.scale[(e * p.scale_rows + r / kScaleBlock) * p.scale_cols + c / kScaleBlock];
+    const Vec<e4m3_t, VEC> in = Vec<e4m3_t, VEC>::load_ro(w + i);
+    Vec<T, VEC> o;
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) o.set(q, s * Convert<e4m3_t>::to_float(in.v[q]));
+    o.store(out + i);
+  }
+}
+
+template <typename T>
+Status launch_dequant(const DequantParams& p, LaunchContext ctx) {
+  const int64_t total = p.experts * p.rows * p.cols;
+  if (total == 0) return Status::Ok();
+  DeviceGuard guard(ctx.device);
+  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
+  const bool wide = p.cols % 8 == 0 && aligned(p.w, 8) && aligned(p.out, 8 * int64_t(sizeof(T)));
+  const int64_t vectors = wide ? total / 8 : total;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div<int64_t>(vectors, kCopyThreads), 1 << 16));
+  if (wide) {
+    dequant_kernel<T, 8><<<blocks, kCopyThreads, 0, stream>>>(p);
+  } else {
+    dequant_kernel<T, 1><<<blocks, kCopyThreads, 0, stream>>>(p);
+  }
+  return cuda_status(cudaGetLastError(), "moe dequant kernel launch");
 }
 
 }  // namespace kiln::moe

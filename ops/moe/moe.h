@@ -106,6 +106,17 @@ struct ExpertsParams {
   int64_t* errors;
 };
 inline constexpr int64_t kScaleBlock = 128;
+
+// fp8 e4m3 weights times their float32 scales, into the module's dtype: the grouped path's
+// fallback for fp8 weights (no fp8 grouped GEMM yet). Both tensors contiguous [experts, rows, cols].
+struct DequantParams {
+  void* out;
+  const void* w;
+  const float* scale;  // [experts] (scale_mode 1) or [experts, scale_rows, scale_cols] (2)
+  int64_t experts, rows, cols;
+  int scale_mode;
+  int64_t scale_rows, scale_cols;
+};
 // Rows of one expert that one pass of the CUDA-core small-batch kernel (float32, or operands the
 // tensor-core kernel cannot take) keeps in registers; more rows take more passes over the same
 // weights.
@@ -132,5 +143,6 @@ Status sort(const SortParams& p, LaunchContext ctx);
 Status gather(const GatherParams& p, LaunchContext ctx);
 Status unpermute(const UnpermuteParams& p, LaunchContext ctx);
 Status experts(const ExpertsParams& p, LaunchContext ctx);
+Status dequant(const DequantParams& p, LaunchContext ctx);
 
 }  // namespace kiln::moe

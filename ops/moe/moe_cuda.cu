@@ -21,5 +21,8 @@ Status unpermute(const UnpermuteParams& p, LaunchContext ctx) {
 Status experts(const ExpertsParams& p, LaunchContext ctx) {
   return launch_experts<spec::dtype>(p, ctx);
 }
+Status dequant(const DequantParams& p, LaunchContext ctx) {
+  return launch_dequant<spec::dtype>(p, ctx);
+}
 
 }  // namespace kiln::moe

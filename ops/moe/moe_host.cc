@@ -210,4 +210,21 @@ Status experts(const ExpertsParams& p, LaunchContext) {
   return Status::Ok();
 }
 
+Status dequant(const DequantParams& p, LaunchContext) {
+  const auto* w = static_cast<const e4m3_t*>(p.w);
+  T* out = static_cast<T*>(p.out);
+  for (int64_t e = 0; e < p.experts; ++e) {
+    for (int64_t r = 0; r < p.rows; ++r) {
+      for (int64_t c = 0; c < p.cols; ++c) {
+        const float s = p.scale_mode == 1
+                            ? p.scale[e]
+                            : p.scale[(e * p.scale_rows + r / kScaleBlock) * p.scale_cols + c / kScaleBlock];
+        const int64_t at = (e * p.rows + r) * p.cols + c;
+        out[at] = C::from_float(s * Convert<e4m3_t>::to_float(w[at]));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace kiln::moe

@@ -57,7 +57,6 @@ BLOCK = 128  # fp8 block scales: 128 x 128 weights share one float32 scale (Deep
 # the grouped GEMMs; docs/perf/moe.md). Shapes only: the choice never depends on the routing.
 SMALL_BATCH_TOKENS = 64
 SMALL_BATCH_ROWS_PER_EXPERT = 8
-DEQUANT_CHUNK_ELEMENTS = 1 << 26  # the fp8 fallback's float32 temporary: 256 MiB at most
 
 
 def _module(api: str, device: torch.device, dtype: torch.dtype, name: str):
@@ -436,22 +435,23 @@ def _check_weight(api: str, name: str, w: torch.Tensor, scale, dtype: torch.dtyp
     return True
 
 
+@custom_op("moe_dequant", mutates=("out",))
+def _dequant_op(out: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> None:
+    """out = w (fp8 e4m3, contiguous [E, R, C]) times its per-expert or 128 x 128 block scales, in
+    out's dtype (one bandwidth-bound kernel: 1 byte read, 2 written per weight)."""
+    device = w.device
+    mod = _module("kiln.fused_moe", device, out.dtype, "hidden_states.dtype")
+    dl = _jit.dl
+    mod.dequant(out=dl(out), w=dl(w), w_scale=dl(scale), stream=_jit.stream_of(device))
+
+
 def _dequantized(w: torch.Tensor, scale, dtype: torch.dtype) -> torch.Tensor:
     """fp8 w times its scales in the activation dtype (the grouped path's fallback); 16-bit w as is."""
     if scale is None:
         return w
-    e, r, c = w.shape
     out = torch.empty(w.shape, dtype=dtype, device=w.device)
-    step = max(1, DEQUANT_CHUNK_ELEMENTS // max(1, r * c))  # experts per float32 temporary
-    for lo in range(0, e, step):
-        hi = min(e, lo + step)
-        s = scale[lo:hi, None, None] if scale.dim() == 1 else _block_scales(scale[lo:hi], r, c)
-        out[lo:hi] = w[lo:hi].to(torch.float32) * s
+    _dequant_op(out, w.contiguous(), scale.to(torch.float32).contiguous())
     return out
-
-
-def _block_scales(scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    return scale.repeat_interleave(BLOCK, 1).repeat_interleave(BLOCK, 2)[:, :rows, :cols]
 
 
 @custom_op("moe_experts", mutates=("out",))

@@ -562,6 +562,37 @@ def test_custom_ops_are_registered_with_fake_implementations():
             4,
         ),
     )
+    q = torch.randn(2, 8, 16).to(torch.float8_e4m3fn)
+    # (opcheck's schema test multiplies the inputs, which torch's CPU backend cannot do in fp8)
+    torch.library.opcheck(
+        torch.ops.kiln.moe_dequant.default,
+        (torch.empty(2, 8, 16, dtype=torch.bfloat16), q, torch.rand(2)),
+        test_utils=("test_faketensor", "test_autograd_registration"),
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "shape, per_block",
+    [((3, 200, 136), True), ((3, 256, 128), True), ((2, 40, 24), False), ((2, 7, 13), True)],
+    ids=["partial-blocks", "whole-blocks", "per-expert", "odd-columns"],
+)
+def test_fp8_dequant_kernel(device, dtype, shape, per_block):
+    # The grouped path's fp8 fallback (kiln.moe._dequantized, one kernel): every element against
+    # the float32 product rounded once to the activation dtype. 13 columns take the one-element
+    # kernel, the others the 8-wide one.
+    g = gen(sum(shape))
+    q, scale = fp8_weights(torch.randn(shape, generator=g), per_block, g)
+    got = kiln.moe._dequantized(q.to(device), scale.to(device), dtype)
+    assert got.dtype == dtype and got.shape == q.shape
+    torch.testing.assert_close(got.cpu(), dequantize(q, scale).to(dtype), rtol=0, atol=0)
+
+
+def test_fp8_dequant_bad_scale_shape():
+    q = torch.randn(3, 200, 136).to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"w_scale must be \[3\] or \[3, 2, 2\] \(128 x 128 blocks\)"):
+        kiln.moe._dequantized(q, torch.ones(5), torch.bfloat16)
 
 
 @pytest.mark.parametrize("device", DEVICES)
