@@ -202,3 +202,31 @@ def dying_rank(rank: int, world: int, init_file: str, results) -> None:
         results.put((rank, f"then RuntimeError: {e}"))
     comm.close()
     os._exit(0)  # the group's peer is gone: skip destroy_process_group's handshake
+
+
+def cuda_fallback(rank: int, world: int, init_file: str) -> None:
+    """Two ranks on one GPU (gloo: NCCL refuses two ranks on one device): a CUDA communicator has
+    no custom path yet, so every call goes to torch.distributed.all_reduce, logged once."""
+    _init(rank, world, init_file)
+    from kiln.comm import CustomAllReduce, fused_allreduce_add_rmsnorm
+
+    records = _Records()
+    logging.getLogger("kiln.comm").addHandler(records)
+    device = torch.device("cuda", 0)
+    comm = CustomAllReduce(None, device, timeout=30)
+    for dtype in DTYPES:
+        for numel in (1, 1001, 1 << 20):
+            x = _ints(numel, dtype, seed=rank + numel).to(device)
+            got = comm.all_reduce(x)
+            cpu = x.cpu()
+            dist.all_reduce(cpu)
+            assert torch.equal(got.cpu(), cpu), f"{dtype} {numel}"
+    x = _ints(4 * 64, torch.bfloat16, seed=rank).view(4, 64).to(device)
+    residual = _ints(4 * 64, torch.bfloat16, seed=9).view(4, 64).to(device)
+    weight = torch.ones(64, dtype=torch.bfloat16, device=device)
+    fused_allreduce_add_rmsnorm(x, residual, weight, 1e-6, comm)
+    assert torch.isfinite(x).all()
+    assert len([m for m in records.messages if "not available" in m]) == 1, records.messages
+    comm.close()
+    dist.barrier()
+    dist.destroy_process_group()
