@@ -161,7 +161,11 @@ class CustomAllReduce:
         pending = [r for r in range(self.world_size) if r != self.rank]
         while pending:
             pending = [r for r in pending if int(self._headers[r][slot]) < value]
-            closed = [r for r in pending if int(self._headers[r][_CLOSED])]
+            # A peer sets its flag before it closes: read the flag again after seeing it closed,
+            # or a peer that finished this very call and then closed would read as a failure.
+            closed = [
+                r for r in pending if int(self._headers[r][_CLOSED]) and int(self._headers[r][slot]) < value
+            ]
             if closed:
                 self._broken = f"rank(s) {closed} closed their communicator during all_reduce #{value}"
                 raise RuntimeError(f"kiln.comm: rank {self.rank}: {self._broken}")

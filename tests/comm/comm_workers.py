@@ -172,6 +172,15 @@ def suite(rank: int, world: int, init_file: str) -> None:
     with pytest.raises(RuntimeError, match="this CustomAllReduce is closed"):
         big.all_reduce(x)
 
+    # A peer that closes its communicator: the others fail at once, naming it.
+    with CustomAllReduce(None, "cpu", max_size=MAX_SIZE, timeout=30) as third:
+        if rank == world - 1:
+            third.close()
+        else:
+            with pytest.raises(RuntimeError, match=rf"rank\(s\) \[{world - 1}\] closed their communicator"):
+                third.all_reduce(torch.ones(3))
+    dist.barrier()
+
     comm.close()
     comm.close()  # idempotent
     with pytest.raises(RuntimeError, match="this CustomAllReduce is closed"):
