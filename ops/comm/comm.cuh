@@ -39,19 +39,35 @@ __device__ __forceinline__ uint32_t* flag(const AllReduceParams& p, int owner, i
   return static_cast<uint32_t*>(p.signals.ptrs[owner]) + (stage * kMaxBlocks + block) * kMaxRanks + from;
 }
 
+// This block's count of calls so far, in this rank's own signal block (comm.h).
+__device__ __forceinline__ uint32_t* call_counter(const AllReduceParams& p) {
+  return static_cast<uint32_t*>(p.signals.ptrs[p.rank]) + kFlagWords + blockIdx.x;
+}
+
+// This call's epoch for this block: one more than the calls it made before. Read by every thread
+// before the first barrier; end_call stores it after the last one.
+__device__ __forceinline__ uint32_t begin_call(const AllReduceParams& p) {
+  return *call_counter(p) + 1;
+}
+
+__device__ __forceinline__ void end_call(const AllReduceParams& p, uint32_t epoch) {
+  __syncthreads();  // every thread has read the old count
+  if (threadIdx.x == 0) *call_counter(p) = epoch;
+}
+
 // Block-wide barrier with the same block of every rank at `stage`: every thread of the block
 // calls it after its writes of the previous phase. Returns false on every thread when a wait gave
 // up (after writing kBarrierTimeout to *error).
-__device__ bool barrier(const AllReduceParams& p, int stage) {
+__device__ bool barrier(const AllReduceParams& p, int stage, uint32_t epoch) {
   __syncthreads();  // this block's writes of the phase before are done
   bool timed_out = false;
   const int peer = threadIdx.x;
   if (peer < p.world_size) {
-    store_release_sys(flag(p, peer, stage, blockIdx.x, p.rank), p.epoch);
+    store_release_sys(flag(p, peer, stage, blockIdx.x, p.rank), epoch);
     const uint32_t* mine = flag(p, p.rank, stage, blockIdx.x, peer);
     int64_t spins = 0;
     // Epochs only grow; the signed difference survives the 2^32 wrap.
-    while (static_cast<int32_t>(load_acquire_sys(mine) - p.epoch) < 0) {
+    while (static_cast<int32_t>(load_acquire_sys(mine) - epoch) < 0) {
       if (++spins > p.spin_limit) {
         timed_out = true;
         atomicExch(p.error, kBarrierTimeout);
@@ -106,9 +122,10 @@ __device__ __forceinline__ void sum_range(const AllReduceParams& p, T* out, int6
 
 template <typename T, int N>
 __global__ void __launch_bounds__(kThreads) one_shot_kernel(AllReduceParams p) {
-  if (!barrier(p, 0)) return;
+  const uint32_t epoch = begin_call(p);
+  if (!barrier(p, 0, epoch)) return;
   sum_range<T, N>(p, static_cast<T*>(p.out), 0, p.count);
-  barrier(p, 2);
+  if (barrier(p, 2, epoch)) end_call(p, epoch);
 }
 
 // Slice r covers [r * part, min((r + 1) * part, count)), part a multiple of N.
@@ -117,9 +134,10 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(AllReduceParams p) {
   const int64_t part = (p.count / N + p.world_size - 1) / p.world_size * N;
   const int64_t lo = p.rank * part < p.count ? p.rank * part : p.count;
   const int64_t hi = lo + part < p.count ? lo + part : p.count;
-  if (!barrier(p, 0)) return;
+  const uint32_t epoch = begin_call(p);
+  if (!barrier(p, 0, epoch)) return;
   sum_range<T, N>(p, static_cast<T*>(p.data.ptrs[p.rank]), lo, hi);  // into this rank's slice
-  if (!barrier(p, 1)) return;
+  if (!barrier(p, 1, epoch)) return;
   using V = Vec<T, N>;
   const int64_t step = int64_t{gridDim.x} * blockDim.x;
   for (int r = 0; r < p.world_size; ++r) {
@@ -129,7 +147,7 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(AllReduceParams p) {
       load_cg(reinterpret_cast<const V*>(p.data.ptrs[r]) + v).store(static_cast<T*>(p.out) + v * N);
     }
   }
-  barrier(p, 2);
+  if (barrier(p, 2, epoch)) end_call(p, epoch);
 }
 
 // One block a row: s = round(sum_r data[r][row]); residual = round(residual + s) (written back);
@@ -138,7 +156,8 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) fused_kernel(FusedParams f) {
   const AllReduceParams& p = f.reduce;
   __shared__ float scratch[32];
-  if (!barrier(p, 0)) return;
+  const uint32_t epoch = begin_call(p);
+  if (!barrier(p, 0, epoch)) return;
   T* residual = static_cast<T*>(f.residual);
   const T* weight = static_cast<const T*>(f.weight);
   T* out = static_cast<T*>(p.out);
@@ -162,7 +181,7 @@ __global__ void __launch_bounds__(kThreads) fused_kernel(FusedParams f) {
       out[base + j] = C::from_float(C::to_float(residual[base + j]) * inv * C::to_float(weight[j]));
     }
   }
-  barrier(p, 2);
+  if (barrier(p, 2, epoch)) end_call(p, epoch);
 }
 
 }  // namespace kiln::comm

@@ -15,8 +15,11 @@
 // Synchronisation: block b of rank r signals block b of rank p by a system-scope release store of
 // the call's epoch into p's signal block at [stage][b][r], and waits with acquire loads until its
 // own [stage][b][p] reaches the epoch for every p. Epochs grow by one per call (never reset), so
-// flags need no clearing. A wait gives up after `spin_limit` polls: the kernel writes
-// kBarrierTimeout to `*error` and skips the rest of its work (the output is then undefined), so a
+// flags need no clearing. Block b keeps its count of calls in its own rank's signal block
+// (counters[b]: read at the start, written at the end), not in a kernel argument, so a CUDA graph
+// that replays the launch advances it like an eager call. Every rank makes the same calls with
+// the same sizes, so block b has made the same number of calls on every rank. A wait gives up after `spin_limit` polls:
+// the kernel writes kBarrierTimeout to `*error` and skips the rest of its work (the output is then undefined), so a
 // dead peer is an error the host reads, never a hang.
 #pragma once
 
@@ -35,8 +38,10 @@ inline constexpr int kThreads = 512;
 // Barrier stages of one call: start (inputs in place), mid (two-shot: slices reduced), end
 // (peers done reading this rank's buffer).
 inline constexpr int kStages = 3;
-// The signal block of one rank: uint32 flags [kStages][kMaxBlocks][kMaxRanks].
-inline constexpr int64_t kSignalBytes = int64_t{kStages} * kMaxBlocks * kMaxRanks * sizeof(uint32_t);
+// The signal block of one rank: uint32 flags [kStages][kMaxBlocks][kMaxRanks], then this rank's
+// uint32 call counters [kMaxBlocks].
+inline constexpr int64_t kFlagWords = int64_t{kStages} * kMaxBlocks * kMaxRanks;
+inline constexpr int64_t kSignalBytes = (kFlagWords + kMaxBlocks) * sizeof(uint32_t);
 // Written to *error by a kernel whose barrier gave up.
 inline constexpr int32_t kBarrierTimeout = 1;
 
@@ -53,7 +58,6 @@ struct AllReduceParams {
   int rank = 0;
   int world_size = 0;
   int64_t count = 0;
-  uint32_t epoch = 0;        // this call's number: > every earlier call's on these buffers
   int64_t spin_limit = 0;    // polls of a flag before the barrier gives up
   int32_t* error = nullptr;  // device memory; kBarrierTimeout when a barrier gave up
   Algo algo = Algo::kOneShot;

@@ -7,6 +7,7 @@
 //      RMSNorm; results against a host sum in the same order (bit-exact: float32 adds in rank
 //      order, one rounding), and bit-identical across ranks. Epochs grow across all calls on the
 //      same signal blocks, as in a serving process.
+//      Each rank's launch captured in a CUDA graph and replayed 3 times on fresh inputs.
 //   2. a barrier whose peer never comes: the kernel gives up with kBarrierTimeout, no hang.
 //   3. two processes (fork before any CUDA call) on this GPU exchanging cudaIpcMemHandles through a
 //      pipe: one-shot, two-shot and fused through IPC-mapped buffers (kernels of two processes
@@ -96,7 +97,6 @@ struct Ranks {
   std::vector<void*> data, signals, out;
   std::vector<int32_t*> error;
   std::vector<cudaStream_t> streams;
-  uint32_t epoch = 0;
 
   explicit Ranks(int w) : world(w), data(w), signals(w), out(w), error(w), streams(w) {
     for (int r = 0; r < w; ++r) {
@@ -119,7 +119,6 @@ struct Ranks {
     p.rank = r;
     p.world_size = world;
     p.count = count;
-    p.epoch = epoch;
     p.spin_limit = spin;
     p.error = error[r];
     p.algo = algo;
@@ -137,7 +136,6 @@ void check_all_reduce(Ranks& R, int64_t n, Algo algo, bool integers) {
     CHECK_CUDA(cudaMemset(R.error[r], 0, sizeof(int32_t)));
   }
   CHECK_CUDA(cudaDeviceSynchronize());  // the inputs are in place before any rank's kernel starts
-  ++R.epoch;
   for (int r = 0; r < R.world; ++r) {
     Status s = launch_all_reduce<T>(R.params(r, n, algo), LaunchContext{R.streams[r], 0, nullptr});
     if (!s.ok()) std::printf("launch: %s\n", s.message.c_str());
@@ -181,7 +179,6 @@ void check_fused(Ranks& R, int64_t rows, int64_t hidden) {
     CHECK_CUDA(cudaMemset(R.error[r], 0, sizeof(int32_t)));
   }
   CHECK_CUDA(cudaDeviceSynchronize());
-  ++R.epoch;
   for (int r = 0; r < R.world; ++r) {
     FusedParams f{};
     f.reduce = R.params(r, n, Algo::kOneShot);
@@ -235,9 +232,49 @@ void check_fused(Ranks& R, int64_t rows, int64_t hidden) {
          name_of<T>(), (long long)rows, (long long)hidden, worst, 2 * tol);
 }
 
+// CUDA graphs: each rank's launch captured once into its own graph, then replayed on fresh inputs.
+// The epoch lives in device memory (comm.h), so every replay is a new call; a kernel argument
+// would be frozen in the graph and the second replay would pass its barriers on stale flags.
+void check_graph(Ranks& R, Algo algo) {
+  const int64_t n = 3000 * R.world;
+  std::vector<cudaGraphExec_t> execs(R.world);
+  for (int r = 0; r < R.world; ++r) {
+    cudaGraph_t g;
+    CHECK_CUDA(cudaStreamBeginCapture(R.streams[r], cudaStreamCaptureModeThreadLocal));
+    Status s = launch_all_reduce<bf16_t>(R.params(r, n, algo), LaunchContext{R.streams[r], 0, nullptr});
+    CHECK_CUDA(cudaStreamEndCapture(R.streams[r], &g));
+    CHECK_CUDA(cudaGraphInstantiate(&execs[r], g, 0));
+    CHECK_CUDA(cudaGraphDestroy(g));
+    if (!s.ok()) std::printf("capture launch: %s\n", s.message.c_str());
+  }
+  bool ok = true;
+  for (int replay = 0; replay < 3; ++replay) {
+    std::vector<std::vector<bf16_t>> in(R.world);
+    for (int r = 0; r < R.world; ++r) {
+      in[r] = random_input<bf16_t>(n, 40 * replay + r, false);
+      CHECK_CUDA(cudaMemcpy(R.data[r], in[r].data(), n * 2, cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMemset(R.out[r], 0xff, n * 2));
+      CHECK_CUDA(cudaMemset(R.error[r], 0, 4));
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    for (int r = 0; r < R.world; ++r) CHECK_CUDA(cudaGraphLaunch(execs[r], R.streams[r]));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    const std::vector<bf16_t> want = host_sum(in, n);
+    std::vector<bf16_t> got(n);
+    for (int r = 0; r < R.world; ++r) {
+      int32_t err = 0;
+      CHECK_CUDA(cudaMemcpy(&err, R.error[r], 4, cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(got.data(), R.out[r], n * 2, cudaMemcpyDeviceToHost));
+      ok = ok && err == 0 && std::memcmp(got.data(), want.data(), n * 2) == 0;
+    }
+  }
+  for (auto e : execs) CHECK_CUDA(cudaGraphExecDestroy(e));
+  report(ok, "%s W=%d bf16 n=%lld captured in CUDA graphs, 3 replays on fresh inputs bit-exact",
+         algo == Algo::kOneShot ? "one-shot" : "two-shot", R.world, (long long)n);
+}
+
 void check_timeout() {
   Ranks R(2);
-  ++R.epoch;
   CHECK_CUDA(cudaMemset(R.error[0], 0, sizeof(int32_t)));
   const int64_t n = 1024;
   Status s = launch_all_reduce<bf16_t>(R.params(0, n, Algo::kOneShot, int64_t{1} << 20),
@@ -259,7 +296,6 @@ void time_algos() {
     for (Algo algo : {Algo::kOneShot, Algo::kTwoShot}) {
       std::vector<float> ms;
       for (int it = 0; it < 30; ++it) {
-        ++R.epoch;
         CHECK_CUDA(cudaDeviceSynchronize());
         CHECK_CUDA(cudaEventRecord(a, R.streams[0]));
         for (int r = 0; r < 2; ++r) {
@@ -301,7 +337,6 @@ int two_process_ipc() {
   const char* why = "";
   ok = ok && can_access_peer(0, 0, &peer_ok, &why).ok() && peer_ok;
   int passed = 0, cases = 0;
-  uint32_t epoch = 0;
   for (Algo algo : {Algo::kOneShot, Algo::kTwoShot}) {
     for (int64_t n : {int64_t{1}, int64_t{1001}, int64_t{1} << 20}) {
       if (!ok) break;
@@ -319,7 +354,6 @@ int two_process_ipc() {
       p.rank = rank;
       p.world_size = 2;
       p.count = n;
-      p.epoch = ++epoch;
       p.spin_limit = kLongSpin;
       p.error = static_cast<int32_t*>(err_word);
       p.algo = algo;
@@ -366,6 +400,8 @@ int main() {
     check_fused<bf16_t>(R, 128, 8192);
     check_fused<float>(R, 5, 33);
     check_fused<f16_t>(R, 7, 4096);
+    check_graph(R, Algo::kOneShot);
+    check_graph(R, Algo::kTwoShot);
   }
   check_timeout();
   time_algos();
