@@ -3,15 +3,15 @@
 # prebuild //ops:norm for this GPU (the fused fallback calls kiln.fused_add_rmsnorm), build and run
 # the all-reduce kernels' self-test (tests/cuda/comm_selftest.cu: 2 and 4 ranks' buffers on this
 # GPU, two processes through cudaIpc handles, a barrier timeout, kernel times), then
-# `pytest -m gpu tests/comm` (the self-test again under pytest, and two ranks of CustomAllReduce on
-# this GPU through the torch.distributed fallback) and the CPU tests of tests/comm. No 2-GPU
+# `pytest -m gpu tests/ops/comm` (the self-test again under pytest, and two ranks of CustomAllReduce on
+# this GPU through kiln's kernels over CUDA IPC) and the CPU tests of tests/ops/comm. No 2-GPU
 # machine is lent: nothing here measures NVLink or compares with NCCL. Everything goes to $OUT,
 # and into ONE $OUT/results.tgz (only a few files come back):
 #
 #   steps.log        each step's start (s since the start), the GPU, the summaries
 #   selftest.log     the self-test's PASS/FAIL lines and its TIME lines (same-GPU kernel times)
-#   pytest_gpu.log   pytest -m gpu tests/comm (4 xdist workers when pytest-xdist imports)
-#   pytest_cpu.log   the CPU tests of tests/comm (host backend, 2-4 processes)
+#   pytest_gpu.log   pytest -m gpu tests/ops/comm (4 xdist workers when pytest-xdist imports)
+#   pytest_cpu.log   the CPU tests of tests/ops/comm (host backend, 2-4 processes)
 #   results.jsonl    one JSON line per self-test TIME line (algo, bytes, median_us, timing)
 #
 #   bash scripts/comm_round.sh
@@ -76,15 +76,15 @@ wait "$norm_pid" || { status=1; tail -n 20 /tmp/comm_norm_build.log; }
 grep -E "built|summary" /tmp/comm_norm_build.log | tail -n 3 | tee -a "$OUT/steps.log"
 
 workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 4)
-step "pytest -m gpu tests/comm ${workers[*]}"
+step "pytest -m gpu tests/ops/comm ${workers[*]}"
 KILN_TEST_WORKSPACE=$KILN_WORKSPACE_BASE timeout "$(left)" python3 -m pytest -m gpu -q -p no:cacheprovider \
-  "${workers[@]}" tests/comm 2>&1 | tee "$OUT/pytest_gpu.log" | tail -n 15
+  "${workers[@]}" tests/ops/comm 2>&1 | tee "$OUT/pytest_gpu.log" | tail -n 15
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 tail -n 1 "$OUT/pytest_gpu.log" | sed 's/^/pytest gpu: /' >>"$OUT/steps.log"
 
 if [ -z "${SKIP_CPU:-}" ]; then
-  step "pytest tests/comm (CPU)"
-  timeout "$(left)" python3 -m pytest -m "not gpu" -q -p no:cacheprovider tests/comm 2>&1 \
+  step "pytest tests/ops/comm (CPU)"
+  timeout "$(left)" python3 -m pytest -m "not gpu" -q -p no:cacheprovider tests/ops/comm 2>&1 \
     | tee "$OUT/pytest_cpu.log" | tail -n 5
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   tail -n 1 "$OUT/pytest_cpu.log" | sed 's/^/pytest cpu: /' >>"$OUT/steps.log"

@@ -91,5 +91,9 @@ Status ipc_open_handle(const IpcHandle& handle, int device, void** ptr);
 Status ipc_close_handle(void* ptr, int device);
 // Can `device` read `peer`'s memory directly? On false, *why says why (same device: true).
 Status can_access_peer(int device, int peer, bool* ok, const char** why);
+// This rank's input into its data buffer, on the caller's stream (device to device).
+Status copy_to_buffer(void* dst, const void* src, int64_t bytes, LaunchContext ctx);
+// Reads the error word after the caller's stream is done, and clears it (a synchronisation).
+Status read_and_clear_error(int32_t* error, LaunchContext ctx, int32_t* value);
 
 }  // namespace kiln::comm

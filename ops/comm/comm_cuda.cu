@@ -146,6 +146,26 @@ Status can_access_peer(int device, int peer, bool* ok, const char** why) {
   return Status::Ok();
 }
 
+Status copy_to_buffer(void* dst, const void* src, int64_t bytes, LaunchContext ctx) {
+  DeviceGuard guard(ctx.device);
+  return cuda_status(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
+                                     static_cast<cudaStream_t>(ctx.stream)),
+                     "cudaMemcpyAsync into the all-reduce buffer");
+}
+
+Status read_and_clear_error(int32_t* error, LaunchContext ctx, int32_t* value) {
+  DeviceGuard guard(ctx.device);
+  auto stream = static_cast<cudaStream_t>(ctx.stream);
+  if (Status s = cuda_status(cudaMemcpyAsync(value, error, sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
+                             "reading the all-reduce error word");
+      !s.ok()) {
+    return s;
+  }
+  if (Status s = cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); !s.ok()) return s;
+  if (*value == 0) return Status::Ok();
+  return cuda_status(cudaMemsetAsync(error, 0, sizeof(int32_t), stream), "clearing the all-reduce error word");
+}
+
 #if defined(KILN_COMM_PROBE)
 // tests/comm: one instantiation per dtype, without a generated spec_config.h.
 template Status launch_all_reduce<float>(const AllReduceParams&, LaunchContext);

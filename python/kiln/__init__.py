@@ -44,11 +44,11 @@ _API = {
 # Public names that are tools, not ops: no kernel of their own, so no trace template, benchmark
 # routine or custom op (tests/trace/test_trace_templates.py skips them). The cascade wrapper runs
 # the traced decode, prefill and merge APIs, level by level (benchmarks/cascade.py times it).
-# The collectives of kiln.comm are tools too until their CUDA kernels land as //ops:comm: their
-# host backend reduces with torch ops over shared memory (docs/comm.md), and a single-process
-# trace or benchmark harness cannot describe a call that needs every rank of a group.
+# CustomAllReduce is a communicator (a group's buffers), not a plan/run wrapper: its all_reduce
+# is tested across processes (tests/ops/comm) and the traced op of //ops:comm is
+# fused_allreduce_add_rmsnorm.
 _TOOLS = frozenset({"check_errors", "DeviceIndexError", "autotune", "MultiLevelCascadeAttentionWrapper",
-                    "CustomAllReduce", "fused_allreduce_add_rmsnorm"})
+                    "CustomAllReduce"})
 _OWNER = {name: module for module, names in _API.items() for name in names}
 # Submodules that are part of the API as modules.
 _SUBMODULES = ("utils",)

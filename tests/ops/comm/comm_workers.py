@@ -1,4 +1,4 @@
-"""What each rank of tests/comm/test_comm.py runs, in its own process (torch.multiprocessing spawn:
+"""What each rank of tests/ops/comm/test_comm.py runs, in its own process (torch.multiprocessing spawn:
 the functions must be importable by name, so they live here and not in the test module).
 
 Each rank joins a gloo group through a file rendezvous (no ports), runs many cases in one process
@@ -213,29 +213,75 @@ def dying_rank(rank: int, world: int, init_file: str, results) -> None:
     os._exit(0)  # the group's peer is gone: skip destroy_process_group's handshake
 
 
-def cuda_fallback(rank: int, world: int, init_file: str) -> None:
-    """Two ranks on one GPU (gloo: NCCL refuses two ranks on one device): a CUDA communicator has
-    no custom path yet, so every call goes to torch.distributed.all_reduce, logged once."""
+def cuda_two_ranks_one_gpu(rank: int, world: int, init_file: str) -> None:
+    """Two ranks on one GPU (gloo for the group and the handle exchange: NCCL refuses two ranks on
+    one device): kiln's kernels through the IPC-mapped buffers, exact against gloo's sum for every
+    dtype, the fallback above max_size, the fused kernel against all_reduce + kiln.fused_add_rmsnorm,
+    and CUDA-graph replays."""
     _init(rank, world, init_file)
+    import kiln
     from kiln.comm import CustomAllReduce, fused_allreduce_add_rmsnorm
 
     records = _Records()
     logging.getLogger("kiln.comm").addHandler(records)
     device = torch.device("cuda", 0)
-    comm = CustomAllReduce(None, device, timeout=30)
+    torch.cuda.set_device(device)
+    comm = CustomAllReduce(None, device, max_size=1 << 20, timeout=60)
+    assert comm._cuda is not None, records.messages  # noqa: SLF001 (the custom path is in use)
     for dtype in DTYPES:
-        for numel in (1, 1001, 1 << 20):
-            x = _ints(numel, dtype, seed=rank + numel).to(device)
-            got = comm.all_reduce(x)
-            cpu = x.cpu()
-            dist.all_reduce(cpu)
-            assert torch.equal(got.cpu(), cpu), f"{dtype} {numel}"
-    x = _ints(4 * 64, torch.bfloat16, seed=rank).view(4, 64).to(device)
-    residual = _ints(4 * 64, torch.bfloat16, seed=9).view(4, 64).to(device)
-    weight = torch.ones(64, dtype=torch.bfloat16, device=device)
-    fused_allreduce_add_rmsnorm(x, residual, weight, 1e-6, comm)
-    assert torch.isfinite(x).all()
-    assert len([m for m in records.messages if "not available" in m]) == 1, records.messages
+        limit = (1 << 20) // torch.tensor([], dtype=dtype).element_size()
+        for numel in (1, 7, 1001, 4096, limit, limit + 1):
+            x = _ints(numel, dtype, seed=rank * 7 + numel)
+            want = x.clone()
+            dist.all_reduce(want)  # gloo on the CPU copy: the reference
+            got = comm.all_reduce(x.to(device))
+            assert torch.equal(got.cpu(), want), f"{dtype} numel={numel}"
+            _same_on_every_rank(got.cpu(), world)
+    assert len([m for m in records.messages if "max_size" in m]) == 1, records.messages
+    # Strided input is copied; out= in place.
+    x = _ints(8 * 6, torch.bfloat16, seed=rank).view(8, 6).to(device)
+    want = x.cpu().clone()
+    dist.all_reduce(want)
+    assert torch.equal(comm.all_reduce(x.t()).cpu(), want.t())
+    assert torch.equal(comm.all_reduce(x, out=x).cpu(), want)
+
+    # The fused kernel against all_reduce + kiln.fused_add_rmsnorm: the residual bit-exact, x
+    # within the norm's tolerance (the two norms sum the squares in other orders).
+    for dtype, tokens, hidden in (
+        (torch.bfloat16, 1, 8192),
+        (torch.bfloat16, 128, 8192),
+        (torch.float32, 5, 33),
+    ):
+        g = torch.Generator().manual_seed(rank * 31 + tokens)
+        x = torch.randn(tokens, hidden, generator=g).to(dtype).to(device)
+        residual = (
+            torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(5)).to(dtype).to(device)
+        )
+        weight = torch.randn(hidden, generator=torch.Generator().manual_seed(6)).to(dtype).to(device)
+        x_ref, res_ref = comm.all_reduce(x), residual.clone()
+        kiln.fused_add_rmsnorm(x_ref, res_ref, weight, 1e-6)
+        fused_allreduce_add_rmsnorm(x, residual, weight, 1e-6, comm)
+        assert torch.equal(residual, res_ref), f"fused residual {dtype} {tokens}x{hidden}"
+        tol = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2}[dtype]
+        torch.testing.assert_close(x, x_ref, rtol=tol, atol=tol)
+        _same_on_every_rank(x.cpu(), world)
+
+    # CUDA graphs: one all_reduce captured, replayed on fresh inputs copied into its input.
+    static_x = torch.zeros(3000, dtype=torch.bfloat16, device=device)
+    static_out = torch.empty_like(static_x)
+    comm.all_reduce(static_x, out=static_out)  # warm: the module is loaded before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with comm.capture(), torch.cuda.graph(graph):
+        comm.all_reduce(static_x, out=static_out)
+    for replay in range(3):
+        x = _ints(3000, torch.bfloat16, seed=100 * replay + rank)
+        want = x.clone()
+        dist.all_reduce(want)
+        static_x.copy_(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out.cpu(), want), f"graph replay {replay}"
     comm.close()
     dist.barrier()
     dist.destroy_process_group()

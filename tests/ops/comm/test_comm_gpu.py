@@ -4,8 +4,9 @@
   all-reduce + RMSNorm with 2 and 4 ranks' buffers on this GPU, bit-exact against the host sum in
   rank order; a barrier whose peer never comes returns an error code; two processes exchanging
   cudaIpc handles run both algorithms through the mapped buffers.
-- CustomAllReduce on a CUDA device with two ranks on this GPU (gloo; NCCL refuses two ranks on one
-  device): the torch.distributed fallback, logged once, and the fused call.
+- CustomAllReduce with two ranks on this GPU (gloo for the group and the IPC-handle exchange; NCCL
+  refuses two ranks on one device): the kernels through the mapped buffers, the fallback above
+  max_size, the fused kernel, CUDA-graph replays.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def test_the_kernel_selftest_passes_on_this_gpu(tmp_path):
     assert "PASS two processes on one GPU through cudaIpc handles" in run.stdout
 
 
-def test_two_ranks_on_one_gpu_fall_back_to_torch_distributed(tmp_path):
+def test_two_ranks_on_one_gpu_through_cuda_ipc(tmp_path):
     os.environ.update(comm_workers.MULTICAST_OFF)
-    tmp.spawn(comm_workers.cuda_fallback, args=(2, str(tmp_path / "rendezvous")), nprocs=2, join=True)
+    tmp.spawn(
+        comm_workers.cuda_two_ranks_one_gpu, args=(2, str(tmp_path / "rendezvous")), nprocs=2, join=True
+    )
