@@ -16,7 +16,10 @@
 #
 #   bash scripts/comm_round.sh
 #
-# SKIP_CPU=1 leaves the CPU tests out. DEADLINE (s after the start, default 200) bounds every step
+#   pytest_definitions.log  the committed definitions of fused_allreduce_add_rmsnorm on the GPU
+#   bench.jsonl / bench.log the routine in a world of one rank (kiln fused vs all_reduce + norm)
+#
+# SKIP_CPU=1 / SKIP_BENCH=1 leave the CPU tests / the benchmark out. DEADLINE (s after the start, default 200) bounds every step
 # after the install.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,8 +49,9 @@ install_kiln_and_peers /tmp/comm_setup.log 0
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cores', __import__('os').cpu_count())" \
   | tee -a "$OUT/steps.log"
 
-step "prebuild //ops:norm (cuda) in the background"
-timeout "$(left)" python3 -m codegen build //ops:norm --toolchain cuda -j 4 >/tmp/comm_norm_build.log 2>&1 &
+step "prebuild //ops:comm and //ops:norm (cuda) in the background"
+(timeout "$(left)" python3 -m codegen build //ops:comm --toolchain cuda -j 4 &&
+  timeout "$(left)" python3 -m codegen build //ops:norm --toolchain cuda -j 4) >/tmp/comm_norm_build.log 2>&1 &
 norm_pid=$!
 
 step "build and run tests/cuda/comm_selftest.cu"
@@ -73,7 +77,7 @@ with open(sys.argv[2], "w") as out:
 PY
 
 wait "$norm_pid" || { status=1; tail -n 20 /tmp/comm_norm_build.log; }
-grep -E "built|summary" /tmp/comm_norm_build.log | tail -n 3 | tee -a "$OUT/steps.log"
+grep -E "summary" /tmp/comm_norm_build.log | tee -a "$OUT/steps.log"
 
 workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 4)
 step "pytest -m gpu tests/ops/comm ${workers[*]}"
@@ -81,6 +85,19 @@ KILN_TEST_WORKSPACE=$KILN_WORKSPACE_BASE timeout "$(left)" python3 -m pytest -m 
   "${workers[@]}" tests/ops/comm 2>&1 | tee "$OUT/pytest_gpu.log" | tail -n 15
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 tail -n 1 "$OUT/pytest_gpu.log" | sed 's/^/pytest gpu: /' >>"$OUT/steps.log"
+
+step "pytest -m gpu tests/trace/test_definitions_e2e.py -k fused_allreduce (a world of one rank)"
+timeout "$(left)" python3 -m pytest -m gpu -q -p no:cacheprovider tests/trace/test_definitions_e2e.py \
+  -k fused_allreduce 2>&1 | tee "$OUT/pytest_definitions.log" | tail -n 5
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+if [ -z "${SKIP_BENCH:-}" ] && [ "$(left)" -gt 30 ]; then
+  step "benchmarks: fused_allreduce_add_rmsnorm, one rank (kiln, kiln_unfused)"
+  timeout "$(( $(left) - 20 ))" python3 -m benchmarks run fused_allreduce_add_rmsnorm --backends kiln,kiln_unfused \
+    --shapes llama-3.1-70b-decode:tokens=1 --shapes llama-3.1-70b-decode:tokens=128 --repeats 20 --target-ms 1 \
+    --output "$OUT/bench.jsonl" </dev/null >"$OUT/bench.log" 2>&1 || status=1
+  tail -n 12 "$OUT/bench.log" | tee -a "$OUT/steps.log"
+fi
 
 if [ -z "${SKIP_CPU:-}" ]; then
   step "pytest tests/ops/comm (CPU)"
