@@ -37,13 +37,18 @@ _API = {
     "moe": ("moe_topk", "moe_align_block_size", "moe_permute", "moe_unpermute", "fused_moe",
             "cutlass_fused_moe"),
     "gemm": ("mm_bf16", "bmm_bf16", "bmm_fp8", "gemm_fp8_nt_groupwise", "SegmentGEMMWrapper", "grouped_mm"),
+    "comm": ("CustomAllReduce", "fused_allreduce_add_rmsnorm"),
     "errors": ("check_errors", "DeviceIndexError"),
     "autotuner": ("autotune",),
 }
 # Public names that are tools, not ops: no kernel of their own, so no trace template, benchmark
 # routine or custom op (tests/trace/test_trace_templates.py skips them). The cascade wrapper runs
 # the traced decode, prefill and merge APIs, level by level (benchmarks/cascade.py times it).
-_TOOLS = frozenset({"check_errors", "DeviceIndexError", "autotune", "MultiLevelCascadeAttentionWrapper"})
+# CustomAllReduce is a communicator (a group's buffers), not a plan/run wrapper: its all_reduce
+# is tested across processes (tests/ops/comm) and the traced op of //ops:comm is
+# fused_allreduce_add_rmsnorm.
+_TOOLS = frozenset({"check_errors", "DeviceIndexError", "autotune", "MultiLevelCascadeAttentionWrapper",
+                    "CustomAllReduce"})
 _OWNER = {name: module for module, names in _API.items() for name in names}
 # Submodules that are part of the API as modules.
 _SUBMODULES = ("utils",)

@@ -125,6 +125,10 @@ _KNOBS = (
          "After every CUDA call that reads through indices, raise the index errors its kernels "
          "recorded at once (a device sync per call; for diagnosis). Default: kiln.check_errors() "
          "or a later plan() raises them."),
+    Knob("KILN_COMM_TIMEOUT", "int", 60,
+         "Seconds a kiln.comm collective waits for the other ranks before it raises a "
+         "TimeoutError naming them (a rank that died or never called); CustomAllReduce(timeout=) "
+         "overrides it.", minimum=1),
     Knob("KILN_PREFILL_FA3_STRICT", "bool", False,
          "Prefill with backend fa3 (or auto on a 9.0 GPU) fails, saying why, where it would fall "
          "back to fa2 (for tests of the sm90a kernel)."),
