@@ -529,6 +529,8 @@ def test_fused_moe_bad_inputs():
 
 
 def test_custom_ops_are_registered_with_fake_implementations():
+    import kiln.moe  # noqa: F401 - kiln loads its op modules on first use; this registers them
+
     x, ids = torch.randn(5, 8), torch.randint(0, 4, (5, 2), dtype=torch.int32)
     w = torch.empty(5, 2)
     torch.library.opcheck(
