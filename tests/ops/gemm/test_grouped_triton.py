@@ -504,6 +504,8 @@ def test_the_module_lookup_is_cached_except_while_api_logging_observes_it(monkey
     lookups = []
     monkeypatch.setattr(gemm._jit, "triton_module", lambda *a, **kw: lookups.append(a[1]) or mod)
     monkeypatch.setattr(gemm, "_triton_by_call", {})
+    # API logging off for the first part, whatever an earlier test or the environment left on
+    monkeypatch.setattr(gemm._jit, "module_observer", None)
     dev = torch.device("cuda", 3)  # (a key only: nothing runs)
     first = gemm._tactics_of(dev, BF16)
     assert gemm._tactics_of(dev, BF16) is first and lookups == [dev]
