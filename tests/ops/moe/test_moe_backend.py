@@ -13,9 +13,10 @@ import importlib.util
 
 import pytest
 import torch
+from moe_helpers import per_token_reference
 
 import kiln
-from kiln.trace.moe import act_float, layer_weights, moe_topk_float
+from kiln.trace.moe import layer_weights, moe_topk_float
 
 BF16 = torch.bfloat16
 # As tests/ops/moe/test_moe.py: the up and down projections and the activation product are rounded
@@ -33,21 +34,6 @@ def gpu(test):
 
 def gen(seed):
     return torch.Generator().manual_seed(seed)
-
-
-def per_token_reference(x, w13, w2, weights, ids, activation="silu", up_first=False):
-    """float32, one token and one of its k experts at a time: sum_j w_j * w2[e] (act(gate) * up)."""
-    i = w13.shape[1] // 2
-    out = torch.zeros((x.shape[0], w2.shape[1]), dtype=torch.float32)
-    for t in range(x.shape[0]):
-        for j in range(ids.shape[1]):
-            e = int(ids[t, j])
-            if e < 0:
-                continue
-            h = w13[e].float().cpu() @ x[t].float().cpu()
-            gate, up = (h[i:], h[:i]) if up_first else (h[:i], h[i:])
-            out[t] += float(weights[t, j]) * (w2[e].float().cpu() @ (act_float(gate, activation) * up))
-    return out
 
 
 def check(out, ref, dtype=BF16):
