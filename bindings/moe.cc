@@ -240,6 +240,15 @@ void unpermute(py::handle out_obj, py::handle rows_obj, py::handle weights_obj, 
   kb::raise_if_failed(s, kiln::spec::kUri);
 }
 
+// The scale mode of fp8 weights [E, rows, cols] from w_scale's shape: 1 per expert ([E]), 2 per
+// 128 x 128 block ([E, srows, scols], srows and scols the rows and cols in blocks, rounded up).
+int scale_mode_of(const TensorView& s, int64_t E, int64_t srows, int64_t scols) {
+  if (s.ndim == 1 && s.shape[0] == E) return 1;
+  if (s.ndim == 3 && s.shape[0] == E && s.shape[1] == srows && s.shape[2] == scols) return 2;
+  kb::value_error("w_scale must be [" + str(E) + "] or [" + str(E) + ", " + str(srows) + ", " + str(scols) +
+                  "] (128 x 128 blocks), got " + s.shape_str());
+}
+
 void experts(py::handle out_obj, py::handle x_obj, py::handle w_obj, py::handle offs_obj, bool gated, int act,
              int64_t gate_row0, int64_t up_row0, py::object scale_obj, uintptr_t errors, uintptr_t stream) {
   TensorView x = rows_view(x_obj, "x", nullptr);
@@ -259,14 +268,7 @@ void experts(py::handle out_obj, py::handle x_obj, py::handle w_obj, py::handle 
   if (fp8 != !scale_obj.is_none()) kb::value_error("w_scale goes with fp8 e4m3 weights, and only with them");
   if (fp8) {
     TensorView s = tensor(scale_obj, "w_scale", &x, kFloat, "float32", true);
-    if (s.ndim == 1 && s.shape[0] == E) {
-      scale_mode = 1;
-    } else if (s.ndim == 3 && s.shape[0] == E && s.shape[1] == srows && s.shape[2] == scols) {
-      scale_mode = 2;
-    } else {
-      kb::value_error("w_scale must be [" + str(E) + "] or [" + str(E) + ", " + str(srows) + ", " + str(scols) +
-                      "] (128 x 128 blocks), got " + s.shape_str());
-    }
+    scale_mode = scale_mode_of(s, E, srows, scols);
     scale = static_cast<const float*>(s.data);
   }
   if (w.shape[2] != depth) kb::value_error("w.shape[2] must be x.shape[1] (" + str(depth) + "), got " + w.shape_str());
@@ -317,15 +319,7 @@ void dequant(py::handle out_obj, py::handle w_obj, py::handle scale_obj, uintptr
   const int64_t srows = (w.shape[1] + km::kScaleBlock - 1) / km::kScaleBlock;
   const int64_t scols = (w.shape[2] + km::kScaleBlock - 1) / km::kScaleBlock;
   TensorView s = tensor(scale_obj, "w_scale", &w, kFloat, "float32", true);
-  int scale_mode = 0;
-  if (s.ndim == 1 && s.shape[0] == E) {
-    scale_mode = 1;
-  } else if (s.ndim == 3 && s.shape[0] == E && s.shape[1] == srows && s.shape[2] == scols) {
-    scale_mode = 2;
-  } else {
-    kb::value_error("w_scale must be [" + str(E) + "] or [" + str(E) + ", " + str(srows) + ", " + str(scols) +
-                    "] (128 x 128 blocks), got " + s.shape_str());
-  }
+  const int scale_mode = scale_mode_of(s, E, srows, scols);
   kb::check_disjoint(out, w);
   km::DequantParams p{};
   p.out = out.data, p.w = w.data, p.scale = static_cast<const float*>(s.data);
