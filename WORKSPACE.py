@@ -46,6 +46,13 @@ AXIS_TABLES = {
         "e4m3": "kiln::e4m3_t",  # fp8 E4M3 "fn" (torch.float8_e4m3fn): GEMM inputs
         "e5m2": "kiln::e5m2_t",  # fp8 E5M2 (torch.float8_e5m2)
     },
+    # The element type of a paged KV cache: the query's 16-bit type, or fp8 E4M3 with per-tensor
+    # k_scale / v_scale (attention's decode and page targets).
+    "kv_dtype": {
+        "f16": "kiln::f16_t",
+        "bf16": "kiln::bf16_t",
+        "e4m3": "kiln::e4m3_t",
+    },
 }
 
 # Toolchains: one spec interface for every compiler. Flags here are the base flags of every

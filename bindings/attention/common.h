@@ -2,7 +2,8 @@
 // arrays and float32 states, and the paged KV cache. Included by each target's binding.
 //
 // Caches: NHD [pages, page_size, kv_heads, head_dim] or HND [pages, kv_heads, page_size,
-// head_dim], any page/slot/head strides (slices of a larger pool work), last dim contiguous.
+// head_dim], any page/slot/head strides (slices of a larger pool work), last dim contiguous; of
+// the module's dtype, or of its kv_dtype where it has that axis (paged_cache<KV>).
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "bindings/common/errors.h"
 #include "bindings/common/tensor_view.h"
@@ -21,12 +23,10 @@ namespace kiln::bindings::attention {
 
 namespace py = pybind11;
 using Elem = kiln::spec::dtype;
-constexpr auto kDType = dl_dtype<Elem>();
 constexpr dl::DataType kInt32{dl::kInt, 32, 1};
 constexpr dl::DataType kFloat32{dl::kFloat, 32, 1};
 constexpr dl::DataType kBool{dl::kBool, 8, 1};
 constexpr int64_t kHeadDim = kiln::spec::head_dim;
-constexpr int64_t kVec = 16 / sizeof(Elem);  // the kernels' 16-byte vectors
 
 inline std::string module_what() {
   return std::string("this module is ") + kiln::spec::kUri;
@@ -40,18 +40,21 @@ inline kiln::LaunchContext context(const TensorView& t, uintptr_t stream, uintpt
   return launch_context(t, stream, errors);
 }
 
-// A tensor of the module's dtype whose last dimension is head_dim and whose rows are 16-byte
-// vectors (pointer and every stride aligned), as the kernels read and write them.
-inline TensorView elem_view(py::handle obj, const char* name, int ndim, const TensorView* ref) {
+// A tensor of element type E (the module's dtype by default) whose last dimension is head_dim and
+// whose rows are 16-byte vectors (pointer and every stride aligned), as the kernels read and
+// write them.
+template <typename E = Elem>
+TensorView elem_view(py::handle obj, const char* name, int ndim, const TensorView* ref) {
+  constexpr int64_t vec = 16 / sizeof(E);
   TensorView t = view_of(obj, name);
   if (ref) check_same_device(t, *ref);
   check_backend_device(t);
-  check_dtype(t, kDType, module_what());
+  check_dtype(t, dl_dtype<E>(), module_what());
   check_ndim(t, ndim, ndim);
   check_dim(t, -1, kHeadDim, "the module's head_dim");
   check_last_contiguous(t);
   bool aligned = reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
-  for (int i = 0; i < t.ndim - 1; ++i) aligned = aligned && (t.strides[i] % kVec == 0 || t.shape[i] == 1);
+  for (int i = 0; i < t.ndim - 1; ++i) aligned = aligned && (t.strides[i] % vec == 0 || t.shape[i] == 1);
   if (!aligned)
     value_error(t.name +
                 " must be 16-byte aligned (data pointer and every stride); slice it along "
@@ -103,11 +106,13 @@ inline bool is_nhd(const std::string& layout) {
   return layout == "NHD";
 }
 
-inline Cache paged_cache(py::handle k_obj, py::handle v_obj, const std::string& layout, const TensorView& indptr,
-                         const TensorView& indices, const TensorView& ref) {
+// KV: the cache's element type (the module's kv_dtype where it has one).
+template <typename KV = Elem>
+Cache paged_cache(py::handle k_obj, py::handle v_obj, const std::string& layout, const TensorView& indptr,
+                  const TensorView& indices, const TensorView& ref) {
   const bool nhd = is_nhd(layout);
-  const TensorView k = elem_view(k_obj, "k_cache", 4, &ref);
-  const TensorView v = elem_view(v_obj, "v_cache", 4, &ref);
+  const TensorView k = elem_view<KV>(k_obj, "k_cache", 4, &ref);
+  const TensorView v = elem_view<KV>(v_obj, "v_cache", 4, &ref);
   check_same_shape(v, k);
   const int slot_dim = nhd ? 1 : 2, head_dim = nhd ? 2 : 1;
   Cache c;
@@ -142,6 +147,17 @@ inline void check_heads(int64_t num_qo_heads, const Cache& cache) {
   if (cache.num_kv_heads < 1 || num_qo_heads % cache.num_kv_heads != 0) {
     value_error("q has " + std::to_string(num_qo_heads) + " heads, which is not a multiple of the cache's " +
                 std::to_string(cache.num_kv_heads) + " kv heads");
+  }
+}
+
+// The cache's per-tensor k_scale / v_scale: finite and > 0; `fp8_only`: a 16-bit cache takes 1.
+template <typename KV>
+void check_kv_scales(double k_scale, double v_scale, bool fp8_only) {
+  for (const auto& [name, value] : {std::pair{"k_scale", k_scale}, std::pair{"v_scale", v_scale}}) {
+    if (!(value > 0 && std::isfinite(value)))
+      value_error(std::string(name) + " must be finite and > 0, got " + std::to_string(value));
+    if (fp8_only && sizeof(KV) != 1 && value != 1.0)
+      value_error(std::string(name) + " applies to fp8 caches only; this module's cache is 16-bit (pass 1)");
   }
 }
 

@@ -4,7 +4,10 @@
 //
 //   decode(*, q, k_cache, v_cache, kv_layout, page_indptr, page_indices, work_request,
 //          work_token_begin, work_token_end, work_out_index, merge_request, merge_indptr, out,
-//          lse, partial_out, partial_lse, sm_scale, soft_cap, errors=0, stream=0)
+//          lse, partial_out, partial_lse, sm_scale, soft_cap, k_scale=1, v_scale=1, errors=0,
+//          stream=0)
+//   k_cache/v_cache: of the module's kv_dtype (its dtype, or fp8 E4M3); logits use k * k_scale, out
+//   v * v_scale
 //   errors: the address of the device's index-error record (kiln/errors.py), 0 on the CPU
 //   heads_per_cta(group_size) -> int    the kernel's query heads per CTA (for the schedule)
 #include <pybind11/pybind11.h>
@@ -26,11 +29,11 @@ void decode(py::handle q_obj, py::handle k_obj, py::handle v_obj, const std::str
             py::handle indices_obj, py::handle work_request, py::handle work_begin, py::handle work_end,
             py::handle work_out, py::handle merge_request, py::handle merge_indptr, py::handle out_obj,
             py::handle lse_obj, py::handle partial_out_obj, py::handle partial_lse_obj, double sm_scale,
-            double soft_cap, uintptr_t errors, uintptr_t stream) {
+            double soft_cap, double k_scale, double v_scale, uintptr_t errors, uintptr_t stream) {
   const TensorView q = elem_view(q_obj, "q", 3, nullptr);
   const TensorView indptr = index_view(indptr_obj, "indptr", q);
   const TensorView indices = index_view(indices_obj, "indices", q);
-  const Cache cache = paged_cache(k_obj, v_obj, layout, indptr, indices, q);
+  const Cache cache = paged_cache<kiln::spec::kv_dtype>(k_obj, v_obj, layout, indptr, indices, q);
   const int64_t batch = q.size(0), num_qo_heads = q.size(1);
   check_heads(num_qo_heads, cache);
   if (indptr.size(0) < batch + 1) {
@@ -65,6 +68,7 @@ void decode(py::handle q_obj, py::handle k_obj, py::handle v_obj, const std::str
     p.partial_lse = static_cast<float*>(pl.data);
   }
   check_scales<kiln::spec::soft_cap>(sm_scale, soft_cap);
+  check_kv_scales<kiln::spec::kv_dtype>(k_scale, v_scale, false);
   p.q = q.data;
   p.q_stride_b = q.stride(0);
   p.q_stride_h = q.stride(1);
@@ -84,6 +88,8 @@ void decode(py::handle q_obj, py::handle k_obj, py::handle v_obj, const std::str
   p.out_stride_h = out.stride(1);
   p.sm_scale = static_cast<float>(sm_scale);
   p.soft_cap = static_cast<float>(soft_cap);
+  p.k_scale = static_cast<float>(k_scale);
+  p.v_scale = static_cast<float>(v_scale);
   kiln::Status s;
   {
     py::gil_scoped_release no_gil;
@@ -95,7 +101,7 @@ void decode(py::handle q_obj, py::handle k_obj, py::handle v_obj, const std::str
 }  // namespace
 
 PYBIND11_MODULE(KILN_MODULE_NAME, m) {
-  m.doc() = "kiln //ops/attention:decode launcher for one dtype, head_dim, soft-cap flag and backend";
+  m.doc() = "kiln //ops/attention:decode launcher for one dtype, kv dtype, head_dim, soft-cap flag and backend";
   m.attr("uri") = kiln::spec::kUri;
   m.attr("head_dim") = kHeadDim;
   kb::export_error_texts(m);
@@ -105,5 +111,6 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
         py::arg("page_indptr"), py::arg("page_indices"), py::arg("work_request"), py::arg("work_token_begin"),
         py::arg("work_token_end"), py::arg("work_out_index"), py::arg("merge_request"), py::arg("merge_indptr"),
         py::arg("out"), py::arg("lse"), py::arg("partial_out"), py::arg("partial_lse"), py::arg("sm_scale"),
-        py::arg("soft_cap"), py::arg("errors") = 0, py::arg("stream") = 0);
+        py::arg("soft_cap"), py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0, py::arg("errors") = 0,
+        py::arg("stream") = 0);
 }

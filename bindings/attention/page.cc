@@ -2,7 +2,9 @@
 // AppendParams). Every argument is keyword-only.
 //
 //   append_paged_kv(*, append_key, append_value, batch_indices, positions, k_cache, v_cache,
-//                   kv_layout, kv_indptr, kv_indices, kv_last_page_len, errors=0, stream=0)
+//                   kv_layout, kv_indptr, kv_indices, kv_last_page_len, k_scale=1, v_scale=1,
+//                   errors=0, stream=0)
+//   the cache: of the module's kv_dtype; an fp8 one receives e4m3(key / k_scale), e4m3(value / v_scale)
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -19,7 +21,8 @@ using kb::TensorView;
 
 void append_paged_kv(py::handle key_obj, py::handle value_obj, py::handle batch_obj, py::handle pos_obj,
                      py::handle k_obj, py::handle v_obj, const std::string& layout, py::handle indptr_obj,
-                     py::handle indices_obj, py::handle last_obj, uintptr_t errors, uintptr_t stream) {
+                     py::handle indices_obj, py::handle last_obj, double k_scale, double v_scale, uintptr_t errors,
+                     uintptr_t stream) {
   const TensorView key = elem_view(key_obj, "append_key", 3, nullptr);
   const TensorView value = elem_view(value_obj, "append_value", 3, &key);
   kb::check_same_shape(value, key);
@@ -29,7 +32,8 @@ void append_paged_kv(py::handle key_obj, py::handle value_obj, py::handle batch_
   kb::check_dim(pos, 0, key.size(0), "append_key.shape[0]");
   const TensorView indptr = index_view(indptr_obj, "kv_indptr", key);
   const TensorView indices = index_view(indices_obj, "kv_indices", key);
-  const Cache cache = paged_cache(k_obj, v_obj, layout, indptr, indices, key);
+  const Cache cache = paged_cache<kiln::spec::kv_dtype>(k_obj, v_obj, layout, indptr, indices, key);
+  check_kv_scales<kiln::spec::kv_dtype>(k_scale, v_scale, true);
   kb::check_dim(key, 1, cache.num_kv_heads, "the cache's kv heads");
   const TensorView last = index_view(last_obj, "kv_last_page_len", key);
   kb::check_dim(last, 0, indptr.size(0) - 1, "kv_indptr.shape[0] - 1 (the batch size)");
@@ -54,6 +58,8 @@ void append_paged_kv(py::handle key_obj, py::handle value_obj, py::handle batch_
   p.num_kv_heads = cache.num_kv_heads;
   p.batch = last.size(0);
   p.kv = cache.kv;
+  p.k_scale = static_cast<float>(k_scale);
+  p.v_scale = static_cast<float>(v_scale);
   kiln::Status st;
   {
     py::gil_scoped_release no_gil;
@@ -65,12 +71,13 @@ void append_paged_kv(py::handle key_obj, py::handle value_obj, py::handle batch_
 }  // namespace
 
 PYBIND11_MODULE(KILN_MODULE_NAME, m) {
-  m.doc() = "kiln //ops/attention:page launcher (append to a paged KV cache) for one dtype, head_dim and backend";
+  m.doc() =
+      "kiln //ops/attention:page launcher (append to a paged KV cache) for one dtype, kv dtype, head_dim and backend";
   m.attr("uri") = kiln::spec::kUri;
   m.attr("head_dim") = kHeadDim;
   kb::export_error_texts(m);
   m.def("append_paged_kv", &append_paged_kv, py::kw_only(), py::arg("append_key"), py::arg("append_value"),
         py::arg("batch_indices"), py::arg("positions"), py::arg("k_cache"), py::arg("v_cache"), py::arg("kv_layout"),
-        py::arg("kv_indptr"), py::arg("kv_indices"), py::arg("kv_last_page_len"), py::arg("errors") = 0,
-        py::arg("stream") = 0);
+        py::arg("kv_indptr"), py::arg("kv_indices"), py::arg("kv_last_page_len"), py::arg("k_scale") = 1.0,
+        py::arg("v_scale") = 1.0, py::arg("errors") = 0, py::arg("stream") = 0);
 }

@@ -1,17 +1,26 @@
 # //ops/attention -- attention over paged KV caches, one target per op; //ops:attention builds
-# them all. Modules: attention_decode_dtype_bf16_head_dim_128_soft_cap_false_cuda, ...
+# them all. Modules: attention_decode_dtype_bf16_kv_dtype_bf16_head_dim_128_soft_cap_false_cuda, ...
 # Each target compiles only its own kernels: the wgmma/TMA (sm90a) code is in :prefill alone.
 HEADS = {"dtype": ["f16", "bf16"], "head_dim": [64, 128, 256]}
 GPUS = ["sm80", "sm90", "sm100", "sm120"]
+# The cache's element type beside the query's: the same 16-bit type, or fp8 E4M3 (with per-tensor
+# k_scale / v_scale). A 16-bit cache of the other 16-bit type is refused.
+KV_DTYPES = {"kv_dtype": ["f16", "bf16", "e4m3"]}
+MIXED_16_BIT = [
+    unsupported({"dtype": "f16", "kv_dtype": "bf16"}, "a 16-bit cache has the query's dtype"),
+    unsupported({"dtype": "bf16", "kv_dtype": "f16"}, "a 16-bit cache has the query's dtype"),
+]
 
 op_library(
     name="decode",
-    doc="paged decode attention (split-KV and its merge): BatchDecodeWithPagedKVCacheWrapper, "
+    doc="paged decode attention (split-KV and its merge; 16-bit or fp8 E4M3 caches): "
+        "BatchDecodeWithPagedKVCacheWrapper, "
         "single_decode_with_kv_cache",
     srcs=["decode_cuda.cu"],
     host_srcs=["decode_host.cc"],
     binding="bindings/attention/decode.cc",
-    dispatch={**HEADS, "soft_cap": [False, True]},
+    dispatch={"dtype": HEADS["dtype"], **KV_DTYPES, "head_dim": HEADS["head_dim"], "soft_cap": [False, True]},
+    exclude=MIXED_16_BIT,
     archs=GPUS,
     release="all",
 )
@@ -42,11 +51,13 @@ op_library(
 
 op_library(
     name="page",
-    doc="writing new tokens into a paged KV cache: append_paged_kv_cache",
+    doc="writing new tokens into a paged KV cache (fp8 E4M3 caches quantised with k_scale / v_scale): "
+        "append_paged_kv_cache",
     srcs=["page_cuda.cu"],
     host_srcs=["page_host.cc"],
     binding="bindings/attention/page.cc",
-    dispatch=HEADS,
+    dispatch={"dtype": HEADS["dtype"], **KV_DTYPES, "head_dim": HEADS["head_dim"]},
+    exclude=MIXED_16_BIT,
     archs=GPUS,
     release="all",
 )

@@ -1,9 +1,12 @@
 // Attention family, decode part: the parameters and entry points shared by the CUDA and host
-// backends of //ops:attention (one module per dtype x head_dim x soft-cap specialisation).
+// backends of //ops:attention (one module per dtype x kv dtype x head_dim x soft-cap
+// specialisation).
 //
 // Decode: one query token per request against its paged KV cache.
 //   logit[t] = q . k[t] * sm_scale                       (soft-cap: cap * tanh(logit / cap))
 //   out      = sum_t softmax(logit)[t] * v[t]
+// k[t] and v[t] above are the cache's values times the per-tensor k_scale and v_scale (an fp8 E4M3
+// cache holds k / k_scale and v / v_scale; both are 1 unless given).
 //   lse      = log2(sum_t exp(logit[t]))                  (base 2, FlashInfer's convention)
 // The work is a list of (request, token range) items made by the Python plan; an item either
 // writes the request's output directly or a float32 partial (out_idx >= 0) that the merge step
@@ -103,6 +106,9 @@ struct DecodeParams {
   float* partial_lse;  // [slots, num_qo_heads] float32
   float sm_scale;
   float soft_cap;  // used only by soft-cap specialisations
+  // Per-tensor scales of the cache: logits use k * k_scale and out v * v_scale (an fp8 cache
+  // stores k / k_scale and v / v_scale; 1 for a 16-bit cache unless the caller scales it).
+  float k_scale, v_scale;
 };
 
 // Prefill: every query token of a request attends to the request's keys. Query i of a request
@@ -190,6 +196,9 @@ struct AppendParams {
   const int32_t* last_page_len;  // [batch]
   int64_t nnz, num_kv_heads, batch;
   PagedKV kv;  // k/v are written through
+  // An fp8 cache receives e4m3(key / k_scale) and e4m3(value / v_scale), saturated at +-448
+  // (1 and unused for 16-bit caches).
+  float k_scale, v_scale;
 };
 
 // Where append token i goes: the page id and slot, or false after recording why it cannot be

@@ -45,8 +45,9 @@ inline Status check_pages(const PagedKV& kv, int64_t request, int64_t begin, int
 }
 
 // Attention of one query head over tokens [begin, end) of `request`: o (unnormalised sum
-// divided by the sum) and lse, in base 2.
-template <typename T, int HEAD_DIM, bool SOFTCAP>
+// divided by the sum) and lse, in base 2. KV: the cache's element type; its values are scaled by
+// k_scale / v_scale (1 for a 16-bit cache).
+template <typename T, typename KV, int HEAD_DIM, bool SOFTCAP>
 void attend(const DecodeParams& p, int64_t request, int64_t head, int64_t begin, int64_t end, float* o, float* lse) {
   const PagedKV& kv = p.kv;
   const int64_t kv_head = head / (p.num_qo_heads / p.num_kv_heads);
@@ -59,8 +60,8 @@ void attend(const DecodeParams& p, int64_t request, int64_t head, int64_t begin,
     const int64_t page = pages[t / kv.page_size], slot = t % kv.page_size;
     const int64_t off = page * kv.k_page_stride + slot * kv.k_slot_stride + kv_head * kv.k_head_stride;
     float dot = 0.0f;
-    for (int k = 0; k < HEAD_DIM; ++k) dot += q[k] * at<T>(kv.k, off + k);
-    float logit = dot * p.sm_scale;
+    for (int k = 0; k < HEAD_DIM; ++k) dot += q[k] * at<KV>(kv.k, off + k);
+    float logit = dot * p.k_scale * p.sm_scale;
     if constexpr (SOFTCAP) logit = p.soft_cap * std::tanh(logit / p.soft_cap);
     logits[t - begin] = logit * kLog2e;
     mx = std::max(mx, logits[t - begin]);
@@ -72,9 +73,9 @@ void attend(const DecodeParams& p, int64_t request, int64_t head, int64_t begin,
     sum += w;
     const int64_t page = pages[t / kv.page_size], slot = t % kv.page_size;
     const int64_t off = page * kv.v_page_stride + slot * kv.v_slot_stride + kv_head * kv.v_head_stride;
-    for (int k = 0; k < HEAD_DIM; ++k) o[k] += w * at<T>(kv.v, off + k);
+    for (int k = 0; k < HEAD_DIM; ++k) o[k] += w * at<KV>(kv.v, off + k);
   }
-  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  const float inv = sum > 0.0f ? p.v_scale / sum : 0.0f;
   for (int k = 0; k < HEAD_DIM; ++k) o[k] *= inv;
   *lse = merged_lse(mx, sum);
 }
@@ -162,7 +163,7 @@ void merge(const MergeParams& p) {
   }
 }
 
-template <typename T, int HEAD_DIM, bool SOFTCAP>
+template <typename T, typename KV, int HEAD_DIM, bool SOFTCAP>
 Status decode(const DecodeParams& p) {
   if (p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) {
     return Status::Error(1, "decode: num_qo_heads must be a multiple of num_kv_heads");
@@ -179,7 +180,7 @@ Status decode(const DecodeParams& p) {
     const int64_t out_index = p.work_out_index[w];
     for (int64_t h = 0; h < p.num_qo_heads; ++h) {
       float lse;
-      attend<T, HEAD_DIM, SOFTCAP>(p, request, h, p.work_token_begin[w], p.work_token_end[w], o, &lse);
+      attend<T, KV, HEAD_DIM, SOFTCAP>(p, request, h, p.work_token_begin[w], p.work_token_end[w], o, &lse);
       if (out_index < 0) {
         T* out = static_cast<T*>(p.out) + request * p.out_stride_b + h * p.out_stride_h;
         for (int k = 0; k < HEAD_DIM; ++k) out[k] = Convert<T>::from_float(o[k]);
@@ -219,7 +220,8 @@ Status merge_two(const MergeTwoParams& p) {
   return Status::Ok();
 }
 
-template <typename T, int HEAD_DIM>
+// A 16-bit cache receives the keys and values as they are; an fp8 one e4m3(x / scale).
+template <typename T, typename KV, int HEAD_DIM>
 Status append_paged_kv(const AppendParams& p) {
   const PagedKV& kv = p.kv;
   IndexCheck check;
@@ -228,13 +230,20 @@ Status append_paged_kv(const AppendParams& p) {
   if (check.failed()) return check.status();  // nothing was written
   for (int64_t i = 0; i < p.nnz; ++i) {
     append_target(p, i, nullptr, &page, &slot);
-    T* k = static_cast<T*>(const_cast<void*>(kv.k)) + page * kv.k_page_stride + slot * kv.k_slot_stride;
-    T* v = static_cast<T*>(const_cast<void*>(kv.v)) + page * kv.v_page_stride + slot * kv.v_slot_stride;
+    KV* k = static_cast<KV*>(const_cast<void*>(kv.k)) + page * kv.k_page_stride + slot * kv.k_slot_stride;
+    KV* v = static_cast<KV*>(const_cast<void*>(kv.v)) + page * kv.v_page_stride + slot * kv.v_slot_stride;
     for (int64_t h = 0; h < p.num_kv_heads; ++h) {
       const T* key = static_cast<const T*>(p.key) + i * p.key_stride_n + h * p.key_stride_h;
       const T* value = static_cast<const T*>(p.value) + i * p.value_stride_n + h * p.value_stride_h;
-      std::copy(key, key + HEAD_DIM, k + h * kv.k_head_stride);
-      std::copy(value, value + HEAD_DIM, v + h * kv.v_head_stride);
+      if constexpr (sizeof(KV) == sizeof(T)) {
+        std::copy(key, key + HEAD_DIM, k + h * kv.k_head_stride);
+        std::copy(value, value + HEAD_DIM, v + h * kv.v_head_stride);
+      } else {
+        for (int d = 0; d < HEAD_DIM; ++d) {
+          k[h * kv.k_head_stride + d] = Convert<KV>::from_float(Convert<T>::to_float(key[d]) / p.k_scale);
+          v[h * kv.v_head_stride + d] = Convert<KV>::from_float(Convert<T>::to_float(value[d]) / p.v_scale);
+        }
+      }
     }
   }
   return Status::Ok();

@@ -11,6 +11,10 @@
 // online softmax on the C fragments (one max per row per tile, quad shuffles), P packed to 16-bit
 // in registers as the A operand of O += P V (ldmatrix.x4.trans on V). At the end the four warps'
 // states merge through shared memory into out/lse, or a float32 partial slot (split-KV).
+// An fp8 E4M3 cache (KV = e4m3_t) is staged as bytes and converted at the MMAs, which then run on
+// f16 operands: the query is scaled (sm_scale x k_scale, in float32) and rounded to f16 once, P is
+// packed to f16 (kv_fp8.cuh has the fragment orders). Every cache's k_scale and v_scale apply
+// (1 unless given), as FlashInfer applies them.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,8 +22,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "ops/attention/attention.h"
+#include "ops/attention/kv_fp8.cuh"
 #include "ops/attention/merge.cuh"
 #include "ops/attention/online_softmax.cuh"
 #include "ops/attention/state.h"
@@ -35,10 +41,11 @@ constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = 32 * kDecodeWarps;
 constexpr int kDecodeTile = 16;  // tokens per warp per pipeline stage (one MMA k-step of P V)
 
-template <typename T, int HEAD_DIM>
+// KV: the cache's element type (16-bit, or 8-bit E4M3).
+template <typename KV, int HEAD_DIM>
 struct DecodeShape {
-  static constexpr int CHUNKS = HEAD_DIM * int(sizeof(T)) / 16;  // 16-byte chunks per token row
-  static constexpr int VEC = 16 / int(sizeof(T));
+  static constexpr int CHUNKS = HEAD_DIM * int(sizeof(KV)) / 16;  // 16-byte chunks per token row
+  static constexpr int VEC = 16 / int(sizeof(KV));
   static constexpr int STAGES = HEAD_DIM >= 256 ? 2 : 3;
   static constexpr int KSTEPS = HEAD_DIM / 16;  // MMA k-steps of Q K^T
   static constexpr int NTILES = HEAD_DIM / 8;   // MMA n-tiles of P V
@@ -48,13 +55,24 @@ struct DecodeShape {
   // Merge of the warps: m and l per [warp][row], o per [warp][row][dim], float32.
   static constexpr size_t kCombineBytes = size_t(kDecodeWarps) * kMaxHeadsPerCta * (HEAD_DIM + 2) * 4;
   static constexpr size_t kSmemBytes = kStagingBytes > kCombineBytes ? kStagingBytes : kCombineBytes;
-  static_assert(CHUNKS >= 8 && CHUNKS % 2 == 0, "the swizzle needs at least 8 chunks per row");
+  static_assert(CHUNKS >= 4 && CHUNKS % 2 == 0, "the swizzle needs at least 4 chunks per row");
+  // The physical chunk of (token row, chunk): ldmatrix reads one chunk of 8 consecutive rows, and
+  // the XOR puts those 8 in distinct 16-byte bank groups (rows of 4 chunks pair up in 128 bytes).
+  static __device__ __forceinline__ int swizzle(int row, int chunk) {
+    if constexpr (CHUNKS >= 8) {
+      return chunk ^ (row & 7);
+    } else {
+      return chunk ^ ((row >> 1) & 3);
+    }
+  }
 };
 
-template <typename T, int HEAD_DIM, bool SOFTCAP>
+template <typename T, typename KV, int HEAD_DIM, bool SOFTCAP>
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_paged_kernel(const DecodeParams p, int heads_per_cta, int64_t* errors) {
-  using S = DecodeShape<T, HEAD_DIM>;
+  constexpr bool FP8 = sizeof(KV) == 1;
+  using MT = std::conditional_t<FP8, __half, T>;  // the MMAs' operand type
+  using S = DecodeShape<KV, HEAD_DIM>;
   constexpr int CHUNKS = S::CHUNKS, VEC = S::VEC, STAGES = S::STAGES, KSTEPS = S::KSTEPS, NTILES = S::NTILES;
   extern __shared__ uint4 smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -72,16 +90,29 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int kv_head = blockIdx.y / head_chunks;
   const int qo_head0 = kv_head * group_size + (blockIdx.y % head_chunks) * heads_per_cta;
 
-  // Q as the A operand: rows g and g+8 are query heads (zero beyond heads_per_cta).
+  // Q as the A operand: rows g and g+8 are query heads (zero beyond heads_per_cta). fp8: the
+  // dims in k_operands' order, times the logit scale (so S is in log2 units, or logit / cap with
+  // a soft-cap) and k_scale, rounded to f16 (clamped to its range: 65504 is beyond any real logit).
+  const float logit_scale = SOFTCAP ? p.sm_scale / p.soft_cap : p.sm_scale * kLog2e;
   uint32_t qa[KSTEPS][4];
   {
     const T* q = static_cast<const T*>(p.q) + request * p.q_stride_b + qo_head0 * p.q_stride_h;
+    const float q_scale = logit_scale * p.k_scale;
 #pragma unroll
     for (int kk = 0; kk < KSTEPS; ++kk) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const int row = g + (r & 1) * 8, col = kk * 16 + 2 * t + (r >> 1) * 8;
-        qa[kk][r] = row < heads_per_cta ? *reinterpret_cast<const uint32_t*>(q + row * p.q_stride_h + col) : 0u;
+        const int row = g + (r & 1) * 8;
+        const int col = FP8 ? fp8::qk_dim(kk, r, t) : kk * 16 + 2 * t + (r >> 1) * 8;
+        const uint32_t pair =
+            row < heads_per_cta ? *reinterpret_cast<const uint32_t*>(q + row * p.q_stride_h + col) : 0u;
+        if constexpr (FP8) {
+          const T* e = reinterpret_cast<const T*>(&pair);
+          auto scaled = [&](T x) { return fminf(fmaxf(Convert<T>::to_float(x) * q_scale, -65504.0f), 65504.0f); };
+          qa[kk][r] = pack2<__half>(scaled(e[0]), scaled(e[1]));
+        } else {
+          qa[kk][r] = pair;
+        }
       }
     }
   }
@@ -94,8 +125,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const PagedKV& kv = p.kv;
   const int64_t first_page = kv.page_indptr[request];
   bool bad = false;  // this thread met a page id out of range: the CTA's outputs become NaN
-  const T* k_head = static_cast<const T*>(kv.k) + kv_head * kv.k_head_stride;
-  const T* v_head = static_cast<const T*>(kv.v) + kv_head * kv.v_head_stride;
+  const KV* k_head = static_cast<const KV*>(kv.k) + kv_head * kv.k_head_stride;
+  const KV* v_head = static_cast<const KV*>(kv.v) + kv_head * kv.v_head_stride;
   const uint32_t page_size = static_cast<uint32_t>(kv.page_size);
   const int num_tiles = (tok_end - tok_begin + kDecodeTile - 1) / kDecodeTile;
   const int my_tiles = num_tiles > warp ? (num_tiles - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
@@ -122,7 +153,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       const int64_t slot = __shfl_sync(0xffffffffu, my_slot, row);
       const bool valid = row_page >= 0;
       const int64_t page = valid ? row_page : 0;
-      const int phys = row * CHUNKS + (copy_chunk ^ (row & 7));
+      const int phys = row * CHUNKS + S::swizzle(row, copy_chunk);
       cp_async_16(kdst + phys, k_head + page * kv.k_page_stride + slot * kv.k_slot_stride + copy_chunk * VEC, valid);
       cp_async_16(vdst + phys, v_head + page * kv.v_page_stride + slot * kv.v_slot_stride + copy_chunk * VEC, valid);
     }
@@ -141,7 +172,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       cp_async_commit();  // empty group keeps the wait count uniform
     }
   }
-  const float scale = SOFTCAP ? p.sm_scale / p.soft_cap : p.sm_scale * kLog2e;
+  const float scale = FP8 ? 1.0f : logit_scale * p.k_scale;  // fp8: folded into the query
   const int ld_row = lane % 8, ld_mat = lane / 8;
   for (int tile = 0; tile < my_tiles; ++tile) {
     if (tile + STAGES - 1 < my_tiles) {
@@ -157,13 +188,28 @@ __global__ void __launch_bounds__(kDecodeThreads)
 
     // S = Q K^T over the tile's 16 tokens: two n-tiles of 8 tokens.
     float s[2][4] = {};
+    if constexpr (FP8) {
 #pragma unroll
-    for (int kk = 0; kk < KSTEPS; ++kk) {
-      uint32_t b[4];  // ldmatrix: matrix j = tokens (j / 2) * 8.., chunk 2 kk + j % 2
-      const int tok = (ld_mat / 2) * 8 + ld_row, chunk = 2 * kk + ld_mat % 2;
-      ldmatrix_x4(b, kt + tok * CHUNKS + (chunk ^ (tok & 7)));
-      mma_16x8x16<T>(s[0], qa[kk], b[0], b[1]);
-      mma_16x8x16<T>(s[1], qa[kk], b[2], b[3]);
+      for (int kk = 0; kk < KSTEPS; kk += 2) {
+        uint32_t r[4];  // ldmatrix: matrix j = tokens (j / 2) * 8.., chunk kk + j % 2 (16 dims)
+        const int tok = (ld_mat / 2) * 8 + ld_row, chunk = kk + ld_mat % 2;
+        ldmatrix_x4(r, kt + tok * CHUNKS + S::swizzle(tok, chunk));
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t b0, b1;
+          fp8::k_operands(r[j], b0, b1);
+          mma_16x8x16<MT>(s[j / 2], qa[kk + j % 2], b0, b1);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < KSTEPS; ++kk) {
+        uint32_t b[4];  // ldmatrix: matrix j = tokens (j / 2) * 8.., chunk 2 kk + j % 2
+        const int tok = (ld_mat / 2) * 8 + ld_row, chunk = 2 * kk + ld_mat % 2;
+        ldmatrix_x4(b, kt + tok * CHUNKS + S::swizzle(tok, chunk));
+        mma_16x8x16<MT>(s[0], qa[kk], b[0], b[1]);
+        mma_16x8x16<MT>(s[1], qa[kk], b[2], b[3]);
+      }
     }
     const int tile_tok0 = tok_begin + (warp + tile * kDecodeWarps) * kDecodeTile;
     float row_max[2] = {neg_inf(), neg_inf()};
@@ -201,18 +247,36 @@ __global__ void __launch_bounds__(kDecodeThreads)
         e[i] = scale_from(s[n][i], m[i >> 1]);
         l[i >> 1] += e[i];
       }
-      pa[2 * n + 0] = pack2<T>(e[0], e[1]);
-      pa[2 * n + 1] = pack2<T>(e[2], e[3]);
+      pa[2 * n + 0] = pack2<MT>(e[0], e[1]);
+      pa[2 * n + 1] = pack2<MT>(e[2], e[3]);
     }
-    // O += P V: per pair of n-tiles (16 dims), ldmatrix.trans matrix j = tokens (j % 2) * 8..,
-    // chunk 2 np + j / 2.
+    // O += P V: ldmatrix.trans matrix j = tokens (j % 2) * 8.., chunk (16-bit: 2 np + j / 2;
+    // fp8: 2 np + j / 2 of 16 dims, two n-tiles each).
+    if constexpr (FP8) {
 #pragma unroll
-    for (int np = 0; np < NTILES / 2; ++np) {
-      uint32_t b[4];
-      const int tok = (ld_mat % 2) * 8 + ld_row, chunk = 2 * np + ld_mat / 2;
-      ldmatrix_x4_trans(b, vt + tok * CHUNKS + (chunk ^ (tok & 7)));
-      mma_16x8x16<T>(o[2 * np], pa, b[0], b[1]);
-      mma_16x8x16<T>(o[2 * np + 1], pa, b[2], b[3]);
+      for (int np = 0; np < NTILES / 4; ++np) {
+        uint32_t r[4];
+        const int tok = (ld_mat % 2) * 8 + ld_row, chunk = 2 * np + ld_mat / 2;
+        ldmatrix_x4_trans(r, vt + tok * CHUNKS + S::swizzle(tok, chunk));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t even0, odd0, even1, odd1;
+          fp8::v_operands(r[2 * h], even0, odd0);      // tokens 0..7
+          fp8::v_operands(r[2 * h + 1], even1, odd1);  // tokens 8..15
+          const int c = 2 * np + h;
+          mma_16x8x16<MT>(o[2 * c], pa, even0, even1);
+          mma_16x8x16<MT>(o[2 * c + 1], pa, odd0, odd1);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int np = 0; np < NTILES / 2; ++np) {
+        uint32_t b[4];
+        const int tok = (ld_mat % 2) * 8 + ld_row, chunk = 2 * np + ld_mat / 2;
+        ldmatrix_x4_trans(b, vt + tok * CHUNKS + S::swizzle(tok, chunk));
+        mma_16x8x16<MT>(o[2 * np], pa, b[0], b[1]);
+        mma_16x8x16<MT>(o[2 * np + 1], pa, b[2], b[3]);
+      }
     }
     __syncwarp();  // all lanes are done reading this stage before it is refilled
   }
@@ -239,7 +303,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
   for (int n = 0; n < NTILES; ++n) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int row = g + (i >> 1) * 8, col = n * 8 + 2 * t + (i & 1);
+      const int row = g + (i >> 1) * 8, j = 2 * t + (i & 1);
+      const int col = FP8 ? fp8::pv_dim(n, j) : n * 8 + j;
       c_o[(warp * kMaxHeadsPerCta + row) * HEAD_DIM + col] = o[n][i];
     }
   }
@@ -256,7 +321,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       l_all += wgt * c_l[w * kMaxHeadsPerCta + row];
       acc += wgt * c_o[(w * kMaxHeadsPerCta + row) * HEAD_DIM + col];
     }
-    const float value = poisoned ? quiet_nan() : l_all > 0.0f ? acc / l_all : 0.0f;
+    const float value = poisoned ? quiet_nan() : l_all > 0.0f ? acc / l_all * p.v_scale : 0.0f;
     const float lse = poisoned ? quiet_nan() : merged_lse(m_all, l_all);
     const int head = qo_head0 + row;
     if (out_index < 0) {
@@ -269,7 +334,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
 }
 
-template <typename T, int HEAD_DIM, bool SOFTCAP>
+template <typename T, typename KV, int HEAD_DIM, bool SOFTCAP>
 Status launch_decode(const DecodeParams& p, LaunchContext ctx) {
   if (p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) {
     return Status::Error(1, "decode: num_qo_heads (" + std::to_string(p.num_qo_heads) +
@@ -284,8 +349,8 @@ Status launch_decode(const DecodeParams& p, LaunchContext ctx) {
   const int heads = heads_per_cta(group_size);
   const dim3 grid(static_cast<unsigned>(p.work_capacity), static_cast<unsigned>(p.num_kv_heads * (group_size / heads)));
   if (grid.y > 65535) return Status::Error(1, "decode: too many kv heads x head chunks for one launch");
-  using S = DecodeShape<T, HEAD_DIM>;
-  constexpr auto kernel = decode_paged_kernel<T, HEAD_DIM, SOFTCAP>;
+  using S = DecodeShape<KV, HEAD_DIM>;
+  constexpr auto kernel = decode_paged_kernel<T, KV, HEAD_DIM, SOFTCAP>;
   Status st = cuda_status(allow_smem<kernel>(S::kSmemBytes, device), "decode: raising the shared-memory limit");
   if (!st.ok()) return st;
   kernel<<<grid, kDecodeThreads, S::kSmemBytes, stream>>>(p, heads, ctx.errors);

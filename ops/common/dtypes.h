@@ -9,8 +9,9 @@
 //   float         binary32
 //
 // Convert<T>::to_float / from_float convert with round-to-nearest-even, the rounding torch uses,
-// so the CPU backend produces the same bits as a float32 computation rounded by torch. The fp8
-// types are inputs only (GEMM operands): their host Convert has to_float alone, an exact decode.
+// so the CPU backend produces the same bits as a float32 computation rounded by torch. E4M3's
+// from_float saturates to +-448 (what torch gives after clamping: its own cast overflows to NaN);
+// E5M2 is an input only (GEMM operands): its Convert has to_float alone, an exact decode.
 // Framework free: no torch, no pybind11, no DLPack here.
 #pragma once
 
@@ -137,6 +138,34 @@ inline float e4m3_bits_to_float(uint8_t b) {
   return detail::bits_float(sign | ((exp + 120u) << 23) | (man << 20));  // rebias 7 -> 127
 }
 
+// float -> E4M3 bits, round to nearest even, saturated to +-448 (infinities too); NaN -> NaN.
+// The host's encoder (device code uses the toolkit's __nv_cvt_float_to_fp8 with SATFINITE, the
+// same rounding).
+inline uint8_t float_to_e4m3_satfinite(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);   // NaN
+  if (abs >= 0x43e00000u) return static_cast<uint8_t>(sign | 0x7eu);  // >= 448 (and inf): saturate
+  const uint32_t exp = abs >> 23;
+  if (exp < 121) {  // below 2^-6: a subnormal E4M3, m * 2^-9 with m = round(|f| * 2^9) in [0, 8]
+    float a;
+    std::memcpy(&a, &abs, sizeof a);
+    const float scaled = a * 512.0f;  // exact: a power-of-two scaling
+    uint32_t m = static_cast<uint32_t>(scaled);
+    const float rest = scaled - static_cast<float>(m);
+    if (rest > 0.5f || (rest == 0.5f && (m & 1u))) ++m;
+    return static_cast<uint8_t>(sign | m);  // m == 8 is 2^-6, the smallest normal: the same bits
+  }
+  // Normal: rebias (127 -> 7), keep 3 mantissa bits rounded to nearest even; a carry into the
+  // exponent is the correctly rounded result, and the largest results stay <= 448 (checked above).
+  const uint32_t kept = ((exp - 120u) << 3) | ((abs >> 20) & 0x7u);
+  const uint32_t rest = abs & 0xfffffu;
+  const uint32_t r = kept + ((rest > 0x80000u || (rest == 0x80000u && (kept & 1u))) ? 1u : 0u);
+  return static_cast<uint8_t>(sign | (r > 0x7eu ? 0x7eu : r));
+}
+
 // E5M2: exponent bias 15, subnormals m * 2^-16, exponent all ones: infinity (mantissa 0) or NaN.
 inline float e5m2_bits_to_float(uint8_t b) {
   const uint32_t sign = static_cast<uint32_t>(b & 0x80u) << 24;
@@ -175,6 +204,7 @@ struct Convert<host_bf16> {
 template <>
 struct Convert<host_e4m3> {
   static inline float to_float(host_e4m3 x) { return e4m3_bits_to_float(x.bits); }
+  static inline host_e4m3 from_float(float x) { return host_e4m3{float_to_e4m3_satfinite(x)}; }
 };
 
 template <>
@@ -198,6 +228,7 @@ struct Convert<__nv_bfloat16> {
 template <>
 struct Convert<__nv_fp8_e4m3> {
   static KILN_HOST_DEVICE float to_float(__nv_fp8_e4m3 x) { return static_cast<float>(x); }
+  static KILN_HOST_DEVICE __nv_fp8_e4m3 from_float(float x) { return __nv_fp8_e4m3(x); }  // SATFINITE
 };
 
 template <>

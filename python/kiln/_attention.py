@@ -85,6 +85,34 @@ def error_record(device: torch.device) -> int:
     return errors.record_address(device)
 
 
+FP8_KV = torch.float8_e4m3fn  # the fp8 cache dtype (E4M3 "fn"), with per-tensor k_scale / v_scale
+
+
+def kv_cache_dtype(q_dtype: torch.dtype, kv_dtype: torch.dtype, api: str) -> torch.dtype:
+    """The cache dtype for queries of q_dtype: the same 16-bit dtype, or fp8 E4M3."""
+    if kv_dtype not in (q_dtype, FP8_KV):
+        raise TypeError(f"{api}: a KV cache of {kv_dtype} is not supported with {q_dtype} queries; the cache "
+                        f"is {q_dtype} or torch.float8_e4m3fn (fp8 E4M3, with k_scale / v_scale)")
+    return kv_dtype
+
+
+def kv_scale(value, name: str, api: str) -> float:
+    """k_scale / v_scale as a float: None is 1; a number or a one-element CPU tensor, finite and > 0.
+    (A CUDA tensor is refused: reading it would synchronise every call.)"""
+    if value is None:
+        return 1.0
+    if isinstance(value, torch.Tensor):
+        if value.device.type != "cpu" or value.numel() != 1:
+            raise TypeError(f"{api}: {name} must be a float (or a one-element CPU tensor), got a tensor "
+                            f"of shape {list(value.shape)} on {value.device}")
+        value = float(value)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{api}: {name} must be a finite number > 0 (the cache's per-tensor scale), "
+                         f"got {value!r}")
+    return float(value)
+
+
 def check_layout(kv_layout: str, api: str) -> str:
     if kv_layout not in LAYOUTS:
         raise ValueError(f"{api}: kv_layout must be 'NHD' or 'HND', got {kv_layout!r}")

@@ -17,6 +17,13 @@ num_kv_heads, head_dim] (NHD) or [max_num_pages, num_kv_heads, page_size, head_d
 [max_num_pages, 2, ...] tensor. Request b owns pages indices[indptr[b]:indptr[b+1]], the last one
 filled to last_page_len[b]. indptr/indices/last_page_len are int32.
 
+fp8 caches: the cache may be torch.float8_e4m3fn (plan(kv_data_type=torch.float8_e4m3fn)) holding
+k / k_scale and v / v_scale with per-tensor scales, which run(k_scale=, v_scale=) takes as floats
+(FlashInfer's arguments): logits use k * k_scale and the output v * v_scale, for any cache dtype.
+The kernel reads the fp8 bytes (half the traffic of a 16-bit cache) and runs its products on f16
+operands: E4M3 values are exact in f16, and q * sm_scale * k_scale is rounded to f16 once
+(11 significant bits: finer than bf16's 8), P to f16 as well.
+
 plan() schedules on the host once per batch (it reads indptr and last_page_len, so it syncs)
 and is reused by run() for every layer. With use_cuda_graph=True the wrapper owns fixed buffers
 (the page-table buffers passed to the constructor and a fixed-capacity work list), run() does no
@@ -101,7 +108,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 Needs the three paged_kv_*_buffer arguments (their sizes fix the batch size and
                 the page capacity).
             use_tensor_cores, backend, jit_args: accepted for FlashInfer compatibility; kiln has
-                one decode kernel (CUDA cores, 16-byte loads, cp.async pipeline) and ignores them.
+                one decode kernel (tensor cores, cp.async pipeline) and ignores them.
         """
         _attention.check_layout(kv_layout, API)
         self._workspace = _attention.workspace_bytes(float_workspace_buffer, API)
@@ -173,13 +180,13 @@ class BatchDecodeWithPagedKVCacheWrapper:
         _attention.index_tensor(indices, "indices", API + ".plan")
         q_dtype = _attention.as_dtype(data_type, None) or _attention.as_dtype(q_data_type, torch.float16)
         kv_dtype = _attention.as_dtype(kv_data_type, q_dtype)
-        if kv_dtype != q_dtype:
-            raise ValueError(f"{API}.plan: kv_data_type {kv_dtype} must equal q_data_type {q_dtype} "
-                             "(mixed-precision caches are not supported yet)")
+        if q_dtype in (torch.float16, torch.bfloat16):
+            _attention.kv_cache_dtype(q_dtype, kv_dtype, API + ".plan")
         # Resolve (and, the first time, compile) the module now: an unsupported dtype or head_dim
         # fails at plan, and run() has nothing left to look up.
-        module = _jit.module(_attention.DECODE, self._device, API + ".plan", dtype=q_dtype,
-                             head_dim=head_dim, soft_cap=logits_soft_cap is not None)
+        module = _jit.module(_attention.DECODE, self._device, API + ".plan", dtype=q_dtype, kv_dtype=kv_dtype,
+                             head_dim=head_dim, soft_cap=logits_soft_cap is not None,
+                             names={"dtype": "q_data_type", "kv_dtype": "kv_data_type"})
 
         indptr_h, kv_len = _attention.paged_kv_lengths(indptr, last_page_len, page_size, indices.numel(),
                                                        API + ".plan")
@@ -275,6 +282,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             out: torch.Tensor | None = None, lse: torch.Tensor | None = None, return_lse: bool = False,
             enable_pdl=None, window_left: int | None = None):
         """Attention of q [batch, num_qo_heads, head_dim] over the planned paged KV cache.
+        k_scale / v_scale: the cache's per-tensor scales (floats; None is 1): logits use
+        k * k_scale, the output v * v_scale (an fp8 cache holds k / k_scale, v / v_scale).
 
         Returns out [batch, num_qo_heads, head_dim] (q's dtype), and lse [batch, num_qo_heads]
         (float32, base 2) too when return_lse.
@@ -282,9 +291,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
         p = self._plan
         if p is None:
             raise RuntimeError(f"{API}.run called before plan()")
-        if args or q_scale is not None or k_scale is not None or v_scale is not None:
-            raise ValueError(f"{API}.run: scales and extra positional arguments (fp8 caches) are "
-                             "not supported")
+        if args or q_scale is not None:
+            raise ValueError(f"{API}.run: q_scale and extra positional arguments (fp8 queries) are not "
+                             "supported: queries are float16 or bfloat16")
+        k_scale = _attention.kv_scale(k_scale, "k_scale", API + ".run")
+        v_scale = _attention.kv_scale(v_scale, "v_scale", API + ".run")
         if window_left is not None and window_left != p.window_left:
             raise ValueError(f"{API}.run: window_left={window_left} differs from plan's {p.window_left}")
         if type(paged_kv_cache) is tuple and len(paged_kv_cache) == 2:
@@ -302,14 +313,15 @@ class BatchDecodeWithPagedKVCacheWrapper:
             lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
         if torch.compiler.is_compiling():
             _decode_op.op(q, k_cache, v_cache, self._kv_layout, *p.tensors, out, lse, p.fixed["sm_scale"],
-                          p.fixed["soft_cap"])
+                          p.fixed["soft_cap"], k_scale, v_scale)
             return (out, lse) if return_lse else out
         inference_only(API + ".run", q, k_cache, v_cache)
         if _jit.module_observer is not None:  # API logging: the module the plan chose
             _jit.module_observer(_attention.DECODE, None, q.device, p.module)
         to_dl = _jit.dl
         p.module.decode(q=to_dl(q), k_cache=to_dl(k_cache), v_cache=to_dl(v_cache), out=to_dl(out),
-                        lse=None if lse is None else to_dl(lse), stream=_jit.stream_of(q.device), **p.fixed)
+                        lse=None if lse is None else to_dl(lse), k_scale=k_scale, v_scale=v_scale,
+                        stream=_jit.stream_of(q.device), **p.fixed)
         if p.validate:
             _attention.errors.check_errors(q.device)
         return (out, lse) if return_lse else out
@@ -335,9 +347,9 @@ def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv
                work_token_begin: torch.Tensor, work_token_end: torch.Tensor, work_out_index: torch.Tensor,
                merge_request: torch.Tensor, merge_indptr: torch.Tensor, partial_out: torch.Tensor,
                partial_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None, sm_scale: float,
-               soft_cap: float) -> None:
-    module = _jit.module(_attention.DECODE, q.device, API + ".run", dtype=q.dtype, head_dim=q.shape[-1],
-                         soft_cap=soft_cap > 0)
+               soft_cap: float, k_scale: float, v_scale: float) -> None:
+    module = _jit.module(_attention.DECODE, q.device, API + ".run", dtype=q.dtype, kv_dtype=k_cache.dtype,
+                         head_dim=q.shape[-1], soft_cap=soft_cap > 0)
     dl = _jit.dl
     module.decode(q=dl(q), k_cache=dl(k_cache), v_cache=dl(v_cache), kv_layout=kv_layout,
                   page_indptr=dl(page_indptr), page_indices=dl(page_indices), work_request=dl(work_request),
@@ -345,8 +357,8 @@ def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv
                   work_out_index=dl(work_out_index), merge_request=dl(merge_request),
                   merge_indptr=dl(merge_indptr), out=dl(out), lse=None if lse is None else dl(lse),
                   partial_out=dl(partial_out), partial_lse=dl(partial_lse), sm_scale=sm_scale,
-                  soft_cap=soft_cap, errors=_attention.error_record(q.device),
-                  stream=_jit.stream_of(q.device))
+                  soft_cap=soft_cap, k_scale=k_scale, v_scale=v_scale,
+                  errors=_attention.error_record(q.device), stream=_jit.stream_of(q.device))
     _attention.errors.after_launch(q.device)
 
 
@@ -390,9 +402,10 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                                 logits_soft_cap: float | None = None, sm_scale: float | None = None,
                                 rope_scale=None, rope_theta=None, return_lse: bool = False):
     """Decode attention of one request: q [num_qo_heads, head_dim] over k, v [kv_len, num_kv_heads,
-    head_dim] (NHD) or [num_kv_heads, kv_len, head_dim] (HND). Long caches are split over the GPU
-    (flash-decoding) exactly as in the batch wrapper. Returns out [num_qo_heads, head_dim] and,
-    with return_lse, lse [num_qo_heads] (float32, base 2)."""
+    head_dim] (NHD) or [num_kv_heads, kv_len, head_dim] (HND), of q's dtype or fp8 E4M3 with the
+    per-tensor k_scale / v_scale (floats; logits use k * k_scale, the output v * v_scale). Long
+    caches are split over the GPU (flash-decoding) exactly as in the batch wrapper. Returns out
+    [num_qo_heads, head_dim] and, with return_lse, lse [num_qo_heads] (float32, base 2)."""
     api = "single_decode_with_kv_cache"
     _attention.check_layout(kv_layout, api)
     if q.dim() != 2 or k.dim() != 3 or v.dim() != 3:
@@ -400,26 +413,30 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                          f"k {list(k.shape)}, v {list(v.shape)}")
     if k.shape != v.shape:
         raise ValueError(f"{api}: k.shape {list(k.shape)} must equal v.shape {list(v.shape)}")
-    scales = {"q_scale": q_scale, "k_scale": k_scale, "v_scale": v_scale}
-    if given := [name for name, value in scales.items() if value is not None]:
-        raise ValueError(f"{api}: {', '.join(given)} (fp8 caches) are not supported")
+    if q_scale is not None:
+        raise ValueError(f"{api}: q_scale (fp8 queries) is not supported: queries are float16 or bfloat16")
+    k_scale = _attention.kv_scale(k_scale, "k_scale", api)
+    v_scale = _attention.kv_scale(v_scale, "v_scale", api)
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:1], dtype=torch.float32, device=q.device) if return_lse else None
     # Planning is host work on shapes; in a compiled graph the whole call is one custom op.
     run = _single_decode_op.op if torch.compiler.is_compiling() else _single_decode
-    run(q, k, v, out, lse, kv_layout, pos_encoding_mode, window_left, logits_soft_cap, sm_scale)
+    run(q, k, v, out, lse, kv_layout, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, k_scale,
+        v_scale)
     return (out, lse) if return_lse else out
 
 
 @custom_op("single_decode", mutates=("out", "lse"))
 def _single_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                       lse: torch.Tensor | None, kv_layout: str, pos_encoding_mode: str, window_left: int,
-                      logits_soft_cap: float | None, sm_scale: float | None) -> None:
-    _single_decode(q, k, v, out, lse, kv_layout, pos_encoding_mode, window_left, logits_soft_cap, sm_scale)
+                      logits_soft_cap: float | None, sm_scale: float | None, k_scale: float,
+                      v_scale: float) -> None:
+    _single_decode(q, k, v, out, lse, kv_layout, pos_encoding_mode, window_left, logits_soft_cap, sm_scale,
+                   k_scale, v_scale)
 
 
 def _single_decode(q, k, v, out, lse, kv_layout, pos_encoding_mode, window_left, logits_soft_cap,
-                   sm_scale) -> None:
+                   sm_scale, k_scale, v_scale) -> None:
     kv_len, kv_heads = (k.shape[0], k.shape[1]) if kv_layout == "NHD" else (k.shape[1], k.shape[0])
     # A plan over at least one token, so an empty cache is checked exactly like any other (an
     # unsupported dtype or head_dim, a head count that is no multiple, mismatched dtypes).
@@ -431,4 +448,5 @@ def _single_decode(q, k, v, out, lse, kv_layout, pos_encoding_mode, window_left,
             lse.fill_(-math.inf)
         return
     wrapper.run(q.unsqueeze(0), (k.unsqueeze(0), v.unsqueeze(0)), out=out.unsqueeze(0),
-                lse=None if lse is None else lse.unsqueeze(0), return_lse=lse is not None)
+                lse=None if lse is None else lse.unsqueeze(0), return_lse=lse is not None, k_scale=k_scale,
+                v_scale=v_scale)

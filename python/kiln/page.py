@@ -3,7 +3,8 @@ names:
 
     get_batch_indices_positions(append_indptr, seq_lens, nnz) -> (batch_indices, positions)
     append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,
-                          kv_indices, kv_indptr, kv_last_page_len, kv_layout="NHD")
+                          kv_indices, kv_indptr, kv_last_page_len, kv_layout="NHD",
+                          k_scale=None, v_scale=None)
 
 append_key/append_value [nnz, num_kv_heads, head_dim] are the new tokens of all requests, packed
 (request b's are rows append_indptr[b]:append_indptr[b+1]); token i goes to request
@@ -11,6 +12,10 @@ batch_indices[i] at position positions[i], i.e. page kv_indices[kv_indptr[b] + p
 slot pos % page_size. seq_lens are the requests' lengths after the append, so a request appending
 n tokens writes positions seq_len - n ... seq_len - 1. The page table must already cover them:
 position p of request b must be below its length (pages - 1) * page_size + kv_last_page_len[b].
+The cache has the keys' dtype, or is torch.float8_e4m3fn: then it receives e4m3(key / k_scale) and
+e4m3(value / v_scale) (per-tensor float scales, None is 1; rounded to nearest even and saturated at
++-448, i.e. torch's (x / scale).clamp(-448, 448).to(torch.float8_e4m3fn)), the cache decode reads
+with the same scales.
 
 Every index is checked where it is used (kiln/errors.py): on the CPU a bad one raises IndexError
 before anything is written; on CUDA the kernels skip the token (append writes nothing for it,
@@ -67,11 +72,20 @@ def _positions_op(append_indptr: torch.Tensor, seq_lens: torch.Tensor, batch_ind
 def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor, batch_indices: torch.Tensor,
                           positions: torch.Tensor, paged_kv_cache, kv_indices: torch.Tensor,
                           kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor,
-                          kv_layout: str = "NHD") -> None:
-    """Write each appended token's key and value into its page slot (in place)."""
+                          kv_layout: str = "NHD", k_scale: float | None = None,
+                          v_scale: float | None = None) -> None:
+    """Write each appended token's key and value into its page slot (in place); into an fp8 cache
+    as e4m3(key / k_scale), e4m3(value / v_scale)."""
     api = "kiln.append_paged_kv_cache"
     _attention.check_layout(kv_layout, api)
-    _attention.split_cache(paged_kv_cache, api)  # checks its form
+    cache_k, _ = _attention.split_cache(paged_kv_cache, api)  # checks its form
+    if isinstance(cache_k, torch.Tensor) and isinstance(append_key, torch.Tensor):
+        _attention.kv_cache_dtype(append_key.dtype, cache_k.dtype, api)
+        if cache_k.dtype != _attention.FP8_KV and (k_scale is not None or v_scale is not None):
+            raise ValueError(f"{api}: k_scale / v_scale apply to fp8 caches only; this cache is "
+                             f"{cache_k.dtype}")
+    k_scale = _attention.kv_scale(k_scale, "k_scale", api)
+    v_scale = _attention.kv_scale(v_scale, "v_scale", api)
     # One [pages, 2, ...] tensor is passed whole (the op writes through both halves of it).
     k_cache, v_cache = (paged_kv_cache[0], paged_kv_cache[1]) if isinstance(
         paged_kv_cache, (tuple, list)) else (paged_kv_cache, None)
@@ -79,24 +93,25 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor, 
                     ("kv_indptr", kv_indptr), ("kv_last_page_len", kv_last_page_len)):
         _attention.index_tensor(t, name, api)
     _append_op(append_key, append_value, batch_indices, positions, k_cache, v_cache, kv_indices, kv_indptr,
-               kv_last_page_len, kv_layout)
+               kv_last_page_len, kv_layout, k_scale, v_scale)
 
 
 @custom_op("append_paged_kv_cache", mutates=("k_cache", "v_cache"))
 def _append_op(append_key: torch.Tensor, append_value: torch.Tensor, batch_indices: torch.Tensor,
                positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor | None,
                kv_indices: torch.Tensor, kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor,
-               kv_layout: str) -> None:
+               kv_layout: str, k_scale: float, v_scale: float) -> None:
     """v_cache None: k_cache is the [pages, 2, ...] tensor holding both."""
     if v_cache is None:
         k_cache, v_cache = k_cache[:, 0], k_cache[:, 1]
     mod = _jit.module(_attention.PAGE, append_key.device, "kiln.append_paged_kv_cache",
-                      dtype=append_key.dtype, head_dim=append_key.shape[-1])
+                      dtype=append_key.dtype, kv_dtype=k_cache.dtype, head_dim=append_key.shape[-1],
+                      names={"dtype": "append_key.dtype", "kv_dtype": "paged_kv_cache.dtype"})
     dl = _jit.dl
     mod.append_paged_kv(append_key=dl(append_key), append_value=dl(append_value),
                         batch_indices=dl(batch_indices), positions=dl(positions), k_cache=dl(k_cache),
                         v_cache=dl(v_cache), kv_layout=kv_layout, kv_indptr=dl(kv_indptr),
-                        kv_indices=dl(kv_indices), kv_last_page_len=dl(kv_last_page_len),
-                        errors=_attention.error_record(append_key.device),
+                        kv_indices=dl(kv_indices), kv_last_page_len=dl(kv_last_page_len), k_scale=k_scale,
+                        v_scale=v_scale, errors=_attention.error_record(append_key.device),
                         stream=_jit.stream_of(append_key.device))
     _attention.errors.after_launch(append_key.device)

@@ -64,12 +64,13 @@ def test_a_wrapper_run_inside_another_api_is_logged_nested_and_dumped_once(decor
     outer = re.search(r"#(\d+) kiln\.single_decode_with_kv_cache$", log, re.M)
     assert outer and re.search(rf"#\d+ kiln\.BatchDecodeWithPagedKVCacheWrapper\.run \(inside #{outer[1]}\)$",
                                log, re.M)
-    assert re.search(r"using module attention_decode_dtype_bf16_head_dim_128_soft_cap_false_host "
-                     r"\(//ops/attention:decode, host backend", log)  # the module run() got from plan()
+    uri = "attention_decode_dtype_bf16_kv_dtype_bf16_head_dim_128_soft_cap_false"
+    # the module run() got from plan()
+    assert re.search(rf"using module {uri}_host \(//ops/attention:decode, host backend", log)
     (call,) = calls(dump_dir)  # the outer call only
     record = json.loads((call / "call.json").read_text())
     assert record["api"] == "kiln.single_decode_with_kv_cache"
-    assert record["modules"][0]["uri"] == "attention_decode_dtype_bf16_head_dim_128_soft_cap_false"
+    assert record["modules"][0]["uri"] == uri
     status, text = replay_lines(call)
     assert status == replay.REPRODUCED and "result: identical ([8, 128] bfloat16)" in text
     assert out.shape == (8, 128)

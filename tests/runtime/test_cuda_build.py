@@ -20,19 +20,20 @@ pytestmark = pytest.mark.skipif(not available("cuda"), reason="needs nvcc")
 
 # One specialisation of every CUDA target of the graph: bf16, head_dim 128, no soft-cap where the
 # target has those axes.
-PREFERRED = {"dtype": "bf16", "head_dim": "128", "soft_cap": "false"}
+PREFERRED = {"dtype": "bf16", "kv_dtype": "bf16", "head_dim": "128", "soft_cap": "false"}
 TARGETS = [t.label for t in load_graph().targets if "cuda" in t.toolchains]
 
 
-def _params(target) -> dict:
-    return {axis: PREFERRED.get(axis, values[0]) if PREFERRED.get(axis) in values else values[0]
+def _params(target, **chosen) -> dict:
+    preferred = {**PREFERRED, **chosen}
+    return {axis: preferred.get(axis, values[0]) if preferred.get(axis) in values else values[0]
             for axis, values in target.axes.items()}
 
 
-def _build(tmp_path, label: str, archs: str):
+def _build(tmp_path, label: str, archs: str, **chosen):
     graph = load_graph()
     target = graph.target(label)
-    spec = compile_spec(specialisation(target, _params(target)), "cuda", graph)
+    spec = compile_spec(specialisation(target, _params(target, **chosen)), "cuda", graph)
     ctx = ArchContext(parse_arch_list(archs), f"test arch list {archs!r}")
     status, plan = jit.build(spec, ctx, workspace=Workspace(tmp_path), quiet=True)
     assert status == "built"
@@ -65,6 +66,15 @@ def test_every_declared_family_compiles(tmp_path, label):
                                  text=True, check=True).stdout
         for a in parse_arch_list(archs):
             assert f".sm_{a.sm}." in listing, listing
+
+
+@pytest.mark.parametrize("label", ["//ops/attention:decode", "//ops/attention:page"])
+def test_fp8_kv_cache_modules_compile(tmp_path, label):
+    """The fp8 E4M3 cache variants compile for sm80 (a software E4M3 -> f16 conversion) and sm90
+    (the hardware one), with no kiln:: symbol left undefined."""
+    md, lib = _build(tmp_path, label, "8.0 9.0", kv_dtype="e4m3")
+    assert "kv_dtype_e4m3" in md.library
+    assert _undefined_kiln_symbols(lib) == []
 
 
 def _undefined_kiln_symbols(lib) -> list[str]:

@@ -291,8 +291,8 @@ def test_bad_inputs(device):
     misaligned = raw[4:4 + batch.k_cache.numel()].view(batch.k_cache.shape)  # 8 bytes off 16
     with pytest.raises(ValueError, match="k_cache must be 16-byte aligned"):
         w.run(q, (misaligned, batch.v_cache))
-    with pytest.raises(ValueError, match="scales .* are not supported"):
-        w.run(q, (batch.k_cache, batch.v_cache), k_scale=1.0)
+    with pytest.raises(ValueError, match="q_scale and extra positional arguments .* are not supported"):
+        w.run(q, (batch.k_cache, batch.v_cache), q_scale=1.0)
     with pytest.raises(ValueError, match="use_cuda_graph=True needs fixed page-table buffers"):
         kiln.BatchDecodeWithPagedKVCacheWrapper(ws, use_cuda_graph=True)
     with pytest.raises(ValueError, match="kv_layout must be 'NHD' or 'HND'"):

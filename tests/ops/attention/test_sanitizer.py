@@ -1,5 +1,6 @@
 """Out-of-range page ids under compute-sanitizer's memcheck: decode, prefill (both kernels) and
-append each get a page table with a page id past the cache. The kernels must make no out-of-bounds
+append (decode and append also over an fp8 cache) each get a page table with a page id past the
+cache. The kernels must make no out-of-bounds
 access at all (the sanitizer reports zero errors) and the call must end in a clear Python error
 naming the argument, the value and the valid range (kiln.check_errors)."""
 
@@ -25,10 +26,15 @@ indptr = torch.tensor([0, 2], dtype=torch.int32, device=dev)
 bad = torch.tensor([3, 1 << 20], dtype=torch.int32, device=dev)  # the second page id is past the cache
 last = torch.tensor([16], dtype=torch.int32, device=dev)
 ws = torch.empty(16 << 20, dtype=torch.uint8, device=dev)
+fp8 = which.endswith("_fp8")
+if fp8:
+    which = which.removesuffix("_fp8")
+    k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+scales = dict(k_scale=0.5, v_scale=0.25) if fp8 else {}
 if which == "decode":
     w = kiln.BatchDecodeWithPagedKVCacheWrapper(ws)
-    w.plan(indptr, bad, last, hq, hk, d, page, q_data_type=torch.bfloat16)
-    out = w.run(torch.randn(1, hq, d, device=dev, dtype=torch.bfloat16), (k, v))
+    w.plan(indptr, bad, last, hq, hk, d, page, q_data_type=torch.bfloat16, kv_data_type=k.dtype)
+    out = w.run(torch.randn(1, hq, d, device=dev, dtype=torch.bfloat16), (k, v), **scales)
 elif which in ("prefill_fa2", "prefill_fa3"):
     w = kiln.BatchPrefillWithPagedKVCacheWrapper(ws, backend=which.split("_")[1])
     w.plan(torch.tensor([0, 20], dtype=torch.int32), indptr, bad, last, hq, hk, d, page, causal=True,
@@ -37,7 +43,8 @@ elif which in ("prefill_fa2", "prefill_fa3"):
 elif which == "append":
     key = torch.randn(1, hk, d, device=dev, dtype=torch.bfloat16)
     kiln.append_paged_kv_cache(key, key.clone(), torch.zeros(1, dtype=torch.int32, device=dev),
-                               torch.tensor([20], dtype=torch.int32, device=dev), (k, v), bad, indptr, last)
+                               torch.tensor([20], dtype=torch.int32, device=dev), (k, v), bad, indptr, last,
+                               **scales)
     out = None
 torch.cuda.synchronize()
 if out is not None:
@@ -53,7 +60,9 @@ sys.exit(3)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("which", ["decode", "prefill_fa2", "prefill_fa3", "append"])
+@pytest.mark.parametrize(
+    "which", ["decode", "prefill_fa2", "prefill_fa3", "append", "decode_fp8", "append_fp8"]
+)
 def test_a_bad_page_id_makes_no_out_of_bounds_access_and_a_clear_error(which, tmp_path):
     import torch
 
