@@ -46,7 +46,10 @@ template <typename KV, int HEAD_DIM>
 struct DecodeShape {
   static constexpr int CHUNKS = HEAD_DIM * int(sizeof(KV)) / 16;  // 16-byte chunks per token row
   static constexpr int VEC = 16 / int(sizeof(KV));
-  static constexpr int STAGES = HEAD_DIM >= 256 ? 2 : 3;
+  // As many bytes staged as a 16-bit cache's pipeline holds: an fp8 cache gets twice the stages,
+  // so each warp keeps as many bytes in flight and two CTAs still share an SM (the schedule's
+  // CTAS_PER_SM; a third would leave a wave's tail of CTAs alone on their SMs at batch 64).
+  static constexpr int STAGES = (HEAD_DIM >= 256 ? 2 : 3) * (2 / int(sizeof(KV)));
   static constexpr int KSTEPS = HEAD_DIM / 16;  // MMA k-steps of Q K^T
   static constexpr int NTILES = HEAD_DIM / 8;   // MMA n-tiles of P V
   // Per warp: [stage][K, V][token][chunk] 16-byte units.

@@ -74,6 +74,17 @@ def run_fp8(batch, q, device, k_scale, v_scale, **plan_kw):
     return out, lse, w
 
 
+def lse_bound(q, k, sm_scale):
+    """How far the kernel's lse may be from the reference's: each logit is sum_d q_d k_d scaled,
+    with q_d * scale rounded to f16 (relative 2^-11), so it moves by at most 2^-11 sum_d |q_d k_d|
+    scaled (and the soft-cap only shrinks differences); the lse by at most the largest such move.
+    Twice that, for the float32 sums in another order. Per query head, base 2."""
+    group = q.shape[0] // k.shape[1]
+    scale = (sm_scale or 1.0 / math.sqrt(q.shape[-1])) / math.log(2)
+    terms = torch.einsum("hd,thd->ht", q.float().abs(), k.abs().repeat_interleave(group, 1))
+    return 2.0**-10 * scale * terms.amax(1) if terms.numel() else torch.zeros(q.shape[0], device=q.device)
+
+
 def check(batch, q, out, lse, k_scale, v_scale, soft_cap=None, window_left=-1, sm_scale=None):
     rtol, atol = TOL[q.dtype]
     assert out.isfinite().all(), "unwritten or non-finite output"
@@ -81,7 +92,12 @@ def check(batch, q, out, lse, k_scale, v_scale, soft_cap=None, window_left=-1, s
         k, v = dequantised(batch, b, k_scale, v_scale)
         ref, ref_lse = reference_decode(q[b], k, v, sm_scale, soft_cap, window_left)
         torch.testing.assert_close(out[b].float(), ref, rtol=rtol, atol=atol, msg=f"request {b}")
-        torch.testing.assert_close(lse[b], ref_lse, rtol=1e-3, atol=1e-3, msg=f"lse of request {b}")
+        err = (lse[b] - ref_lse).abs().nan_to_num(0.0)  # -inf == -inf for an empty request
+        bound = lse_bound(q[b], k, sm_scale) + 1e-4
+        assert bool((err <= bound).all()), (
+            f"lse of request {b}: error {err.max():.3g} > bound {bound.min():.3g}"
+        )
+        assert torch.equal(lse[b].isinf(), ref_lse.isinf()), f"lse of request {b}: -inf mismatch"
 
 
 @pytest.mark.parametrize("device", device_params())
@@ -149,7 +165,7 @@ def test_fp8_single_decode(device, layout):
     kn, vn = (k, v) if layout == "NHD" else (k.transpose(0, 1), v.transpose(0, 1))
     ref, ref_lse = reference_decode(q, kn.float() * ks, vn.float() * vs)
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(lse, ref_lse, rtol=1e-3, atol=1e-3)
+    assert bool(((lse - ref_lse).abs() <= lse_bound(q, kn.float() * ks, None) + 1e-4).all())
 
 
 @pytest.mark.parametrize("device", device_params())
