@@ -237,3 +237,43 @@ def cache_geometry(k_cache: torch.Tensor, kv_layout: str, api: str) -> tuple[int
     if kv_layout == "NHD":
         return k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     return k_cache.shape[2], k_cache.shape[1], k_cache.shape[3]
+
+
+class Fp8PageStaging:
+    """Prefill over an fp8 E4M3 cache: the plan's pages gathered, in page-table order, into a
+    compact cache of the query's 16-bit dtype that the prefill kernels read, with the identity
+    page table. E4M3 values are exact in f16 and bf16, so the staged cache holds the fp8 values
+    themselves; k_scale folds into sm_scale and v_scale multiplies the output. Costs a gather and
+    a widening pass over the request's pages per call (about 5x the fp8 bytes of traffic, small
+    next to prefill's arithmetic); the buffers are the plan's, reused by every layer's run. The
+    page ids are checked on the host against each cache before the gather reads through them."""
+
+    def __init__(self, indices: torch.Tensor, dtype: torch.dtype, api: str):
+        self.indices = indices  # the plan's device copy of the page ids, in page-table order
+        self.host_ids = indices.to("cpu", torch.int64)  # plan time: it syncs anyway
+        self.lo = int(self.host_ids.min()) if self.host_ids.numel() else 0
+        self.hi = int(self.host_ids.max()) if self.host_ids.numel() else -1
+        self.dtype, self.api = dtype, api
+        self.pages = torch.arange(indices.numel(), dtype=torch.int32, device=indices.device)
+        self._buffers: tuple | None = None
+
+    def _check(self, num_pages: int) -> None:
+        if self.lo < 0 or self.hi >= num_pages:
+            bad = int(torch.nonzero((self.host_ids < 0) | (self.host_ids >= num_pages))[0])
+            raise IndexError(f"{self.api}.run: paged_kv_indices[{bad}] = {int(self.host_ids[bad])} is not "
+                             f"a page of the cache (valid page ids: [0, {num_pages}))")
+
+    def stage(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self._check(k_cache.shape[0])
+        shape = (self.indices.numel(), *k_cache.shape[1:])
+        if self._buffers is None or self._buffers[0].shape != shape:
+            dev = k_cache.device
+            raw = [torch.empty(shape, dtype=torch.uint8, device=dev) for _ in range(2)]
+            wide = [torch.empty(shape, dtype=self.dtype, device=dev) for _ in range(2)]
+            self._buffers = (*raw, *wide)
+        raw_k, raw_v, k16, v16 = self._buffers
+        torch.index_select(k_cache.view(torch.uint8), 0, self.indices, out=raw_k)  # a byte gather
+        torch.index_select(v_cache.view(torch.uint8), 0, self.indices, out=raw_v)
+        k16.copy_(raw_k.view(FP8_KV))
+        v16.copy_(raw_v.view(FP8_KV))
+        return k16, v16

@@ -17,8 +17,12 @@ window_left >= 0 only keys j >= i + kv_len - qo_len - window_left. Logits are q.
 lse = log2(sum exp(logits)) (base 2). A query that sees no key gets out = 0, lse = -inf.
 
 The ragged wrapper takes k, v [total_kv, num_kv_heads, head_dim] (NHD) packed by kv_indptr; it
-runs the paged kernel with one-token pages. plan() reads the index arrays on the host (a sync),
-schedules 128-query tiles longest-first, and is reused by run() for every layer.
+runs the paged kernel with one-token pages. run(k_scale=, v_scale=) scales any cache as FlashInfer
+does (logits use k * k_scale, the output v * v_scale). The paged wrapper also reads an fp8 E4M3
+cache (plan(kv_data_type=torch.float8_e4m3fn)): each run gathers the plan's pages into a compact
+16-bit copy (E4M3 is exact in f16 and bf16) that the kernels read (_attention.Fp8PageStaging).
+plan() reads the index arrays on the host (a sync), schedules 128-query tiles longest-first, and is
+reused by run() for every layer.
 """
 
 from __future__ import annotations
@@ -97,7 +101,8 @@ class _PrefillPlan:
                 f"({num_kv_heads})"
             )
         if kv_dtype != q_dtype:
-            raise ValueError(f"{api}.plan: kv_data_type {kv_dtype} must equal q_data_type {q_dtype}")
+            raise ValueError(f"{api}.plan: kv_data_type {kv_dtype} must equal q_data_type {q_dtype} (an fp8 "
+                             "E4M3 cache: BatchPrefillWithPagedKVCacheWrapper)")
         soft_cap = _attention.soft_cap(logits_soft_cap, api + ".plan")
         _attention.check_window(window_left, api + ".plan")
         _attention.check_sm_scale(sm_scale, api + ".plan")
@@ -130,8 +135,9 @@ class _PrefillPlan:
                           errors=_attention.error_record(device))
         self.validate = device.type == "cuda" and env.get("KILN_VALIDATE_INDICES")
 
-    def run(self, q, k_cache, v_cache, layout, pages, out, lse, return_lse):
-        """`pages`: the page table as tensors (kv_indptr, kv_indices) and as DLPack capsules."""
+    def run(self, q, k_cache, v_cache, layout, pages, out, lse, return_lse, k_scale=1.0, v_scale=1.0):
+        """`pages`: the page table as tensors (kv_indptr, kv_indices) and as DLPack capsules.
+        k_scale folds into sm_scale; v_scale multiplies the output (after the kernel, in place)."""
         if (
             list(q.shape) != [self.total_q, self.num_qo_heads, self.head_dim]
             or q.dtype != self.q_dtype
@@ -147,12 +153,15 @@ class _PrefillPlan:
         if return_lse and lse is None:
             lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
         (kv_indptr, kv_indices), page_capsules = pages
+        fixed = self.fixed if k_scale == 1.0 else {**self.fixed, "sm_scale": self.sm_scale * k_scale}
         if torch.compiler.is_compiling():
             t = self.tensors
             _prefill_op.op(q, k_cache, v_cache, layout, t["qo_indptr"], kv_indptr, kv_indices, t["kv_len"],
-                           t["work_request"], t["work_q_start"], out, lse, self.sm_scale,
+                           t["work_request"], t["work_q_start"], out, lse, fixed["sm_scale"],
                            self.soft_cap or 0.0, self.causal, self.window_left, self.kernel,
                            self.kv_contiguous)
+            if v_scale != 1.0:
+                out.mul_(v_scale)
             return (out, lse) if return_lse else out
         inference_only(self.api + ".run", q, k_cache, v_cache)
         if _jit.module_observer is not None:  # API logging: the module the plan chose
@@ -160,9 +169,11 @@ class _PrefillPlan:
         dl = _jit.dl
         self.module.prefill(q=dl(q), k_cache=dl(k_cache), v_cache=dl(v_cache), kv_layout=layout,
                             out=dl(out), lse=None if lse is None else dl(lse),
-                            stream=_jit.stream_of(q.device), **page_capsules, **self.fixed)
+                            stream=_jit.stream_of(q.device), **page_capsules, **fixed)
         if self.validate:
             _attention.errors.check_errors(q.device)
+        if v_scale != 1.0:
+            out.mul_(v_scale)
         return (out, lse) if return_lse else out
 
 
@@ -205,11 +216,15 @@ class _PrefillWrapper:
         self._kernel = _attention.prefill_kernel(backend, self._device, self.API)
         self._plan = None
 
-    def _check_run(self, args, q_scale, k_scale, v_scale) -> None:
+    def _check_run(self, args, q_scale, k_scale, v_scale) -> tuple[float, float]:
+        """(k_scale, v_scale) as floats, after the checks every run() makes."""
         if self._plan is None:
             raise RuntimeError(f"{self.API}.run called before plan()")
-        if args or q_scale is not None or k_scale is not None or v_scale is not None:
-            raise ValueError(f"{self.API}.run: fp8 scales are not supported")
+        if args or q_scale is not None:
+            raise ValueError(f"{self.API}.run: q_scale and extra positional arguments (fp8 queries) are not "
+                             "supported: queries are float16 or bfloat16")
+        return (_attention.kv_scale(k_scale, "k_scale", self.API + ".run"),
+                _attention.kv_scale(v_scale, "v_scale", self.API + ".run"))
 
 
 class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
@@ -271,6 +286,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
             paged_kv_indptr, paged_kv_last_page_len, page_size, paged_kv_indices.numel(), self.API + ".plan"
         )
         q_dtype = _attention.as_dtype(q_data_type, torch.float16)
+        kv_dtype = _attention.as_dtype(kv_data_type, q_dtype)
+        fp8 = kv_dtype == _attention.FP8_KV and q_dtype in (torch.float16, torch.bfloat16)
         self._plan = _PrefillPlan(
             self.API,
             qo_indptr,
@@ -283,17 +300,18 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
             window_left,
             logits_soft_cap,
             q_dtype,
-            _attention.as_dtype(kv_data_type, q_dtype),
+            q_dtype if fp8 else kv_dtype,  # the kernels read the staged 16-bit copy of an fp8 cache
             self._device,
             pos_encoding_mode,
             head_dim_vo,
             self._kernel,
         )
         _attention.index_tensor(paged_kv_indices, "paged_kv_indices", self.API + ".plan")
-        self._pages = _page_table(
-            _attention.device_copy(paged_kv_indptr, self._device),
-            _attention.device_copy(paged_kv_indices, self._device),
-        )
+        indptr_d = _attention.device_copy(paged_kv_indptr, self._device)
+        indices_d = _attention.device_copy(paged_kv_indices, self._device)
+        nnz = int(paged_kv_indptr[-1])
+        self._fp8 = _attention.Fp8PageStaging(indices_d[:nnz], q_dtype, self.API) if fp8 else None
+        self._pages = _page_table(indptr_d, self._fp8.pages if fp8 else indices_d)
         self._page_size = page_size
 
     @logged_api(mutates=("out", "lse"))
@@ -312,8 +330,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
         enable_pdl=None,
         window_left: int | None = None,
     ):
-        """out [total_q, num_qo_heads, head_dim] (and lse [total_q, num_qo_heads] with return_lse)."""
-        self._check_run(args, q_scale, k_scale, v_scale)
+        """out [total_q, num_qo_heads, head_dim] (and lse [total_q, num_qo_heads] with return_lse).
+        k_scale / v_scale: the cache's per-tensor scales (floats; None is 1)."""
+        k_scale, v_scale = self._check_run(args, q_scale, k_scale, v_scale)
         if window_left is not None and window_left != self._plan.window_left:
             raise ValueError(
                 f"{self.API}.run: window_left={window_left} differs from plan's {self._plan.window_left}"
@@ -326,7 +345,13 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
                 f"{kv_heads} kv heads, head_dim {head_dim}; planned {self._page_size}, "
                 f"{self._plan.num_kv_heads}, {self._plan.head_dim}"
             )
-        return self._plan.run(q, k_cache, v_cache, self._kv_layout, self._pages, out, lse, return_lse)
+        if self._fp8 is not None:
+            if k_cache.dtype != _attention.FP8_KV or v_cache.dtype != _attention.FP8_KV:
+                raise ValueError(f"{self.API}.run does not match its plan: the cache is {k_cache.dtype}, "
+                                 "planned torch.float8_e4m3fn")
+            k_cache, v_cache = self._fp8.stage(k_cache, v_cache)
+        layout, scales = self._kv_layout, (k_scale, v_scale)
+        return self._plan.run(q, k_cache, v_cache, layout, self._pages, out, lse, return_lse, *scales)
 
     forward = run
 
@@ -421,15 +446,17 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
         return_lse: bool = False,
         enable_pdl=None,
     ):
-        """out [total_q, num_qo_heads, head_dim] (and lse [total_q, num_qo_heads] with return_lse)."""
-        self._check_run(args, q_scale, k_scale, v_scale)
+        """out [total_q, num_qo_heads, head_dim] (and lse [total_q, num_qo_heads] with return_lse).
+        k_scale / v_scale: per-tensor scales of k and v (floats; None is 1)."""
+        k_scale, v_scale = self._check_run(args, q_scale, k_scale, v_scale)
         expect = [self._total_kv, self._plan.num_kv_heads, self._plan.head_dim]
         if k.dim() != 3 or list(k.shape) != expect or k.shape != v.shape:
             raise ValueError(
                 f"{self.API}.run does not match its plan: k {list(k.shape)}, v {list(v.shape)}; "
                 f"planned {expect}"
             )
-        return self._plan.run(q, k.unsqueeze(1), v.unsqueeze(1), "NHD", self._pages, out, lse, return_lse)
+        k, v = k.unsqueeze(1), v.unsqueeze(1)
+        return self._plan.run(q, k, v, "NHD", self._pages, out, lse, return_lse, k_scale, v_scale)
 
     forward = run
 

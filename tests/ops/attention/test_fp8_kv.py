@@ -1,7 +1,8 @@
-"""fp8 E4M3 KV caches: decode (batch and single) against the float32 reference on the dequantised
-cache, appends that quantise bf16/f16 keys with the per-tensor scales (bit-exact against torch),
-k_scale / v_scale on 16-bit caches (FlashInfer's semantics), CUDA graphs, and bad inputs. Host
-backend always, CUDA where a device is present.
+"""fp8 E4M3 KV caches: decode (batch and single) and paged prefill (through its staged 16-bit copy,
+both kernels) against the float32 reference on the dequantised cache, appends that quantise
+bf16/f16 keys with the per-tensor scales (bit-exact against torch), k_scale / v_scale on 16-bit
+caches (FlashInfer's semantics), CUDA graphs, and bad inputs. Host backend always, CUDA where a
+device is present.
 
 Tolerance. The reference reads the same fp8 values times the scales, in float32, so the cache's
 own quantisation error is not in the comparison. What remains is the kernel's rounding: E4M3
@@ -20,6 +21,7 @@ from paged import make_paged
 
 import kiln
 from kiln.trace.attention import attend as reference_decode
+from kiln.trace.attention import attention as reference_attention
 
 FP8 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
@@ -339,4 +341,163 @@ def test_bad_fp8_inputs(device):
             batch.last_page_len,
             k_scale=ks,
             v_scale=-2.0,
+        )
+
+
+# ---- paged prefill over an fp8 cache ----------------------------------------------------------
+
+
+def _prefill_backends(device):
+    sm90 = device == "cuda" and torch.cuda.get_device_capability() == (9, 0)
+    return ["fa2", "fa3"] if sm90 else ["fa2"]
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_fp8_paged_prefill(device, layout, causal):
+    """Chunked prefill over a cached fp8 prefix (qo_len < kv_len), mixed lengths with an empty
+    request: every kernel the device has, against the float32 attention over the dequantised
+    cache. The kernels read the fp8 values exactly (E4M3 is exact in 16 bits) and scale in float32:
+    the 16-bit prefill tolerance (test_prefill.py) holds, and lse within the same bound."""
+    gen = torch.Generator().manual_seed(21 + causal + 2 * (layout == "HND"))
+    hq, hk, d, page = 8, 2, 128, 16
+    kv_lens, qo_lens = [300, 0, 45, 130], [20, 0, 45, 7]
+    batch, ks, vs = fp8_batch(kv_lens, page, hk, d, device, layout, gen=gen)
+    qo_indptr = torch.tensor([0] + list(torch.tensor(qo_lens).cumsum(0)), dtype=torch.int32)
+    q = torch.randn(sum(qo_lens), hq, d, generator=gen).to(device=device, dtype=torch.bfloat16)
+    for backend in _prefill_backends(device):
+        ws = torch.empty(16 << 20, dtype=torch.uint8, device=device)
+        w = kiln.BatchPrefillWithPagedKVCacheWrapper(ws, layout, backend=backend)
+        w.plan(
+            qo_indptr,
+            batch.indptr,
+            batch.indices,
+            batch.last_page_len,
+            hq,
+            hk,
+            d,
+            page,
+            causal=causal,
+            q_data_type=torch.bfloat16,
+            kv_data_type=FP8,
+        )
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full(q.shape[:2], float("nan"), dtype=torch.float32, device=device)
+        for _ in range(2):  # the staging buffers are reused by a second call (a second layer)
+            w.run(
+                q, (batch.k_cache, batch.v_cache), k_scale=ks, v_scale=vs, out=out, lse=lse, return_lse=True
+            )
+        for b, n in enumerate(qo_lens):
+            lo = int(qo_indptr[b])
+            if n == 0:
+                continue
+            k, v = dequantised(batch, b, ks, vs)
+            ref, ref_lse = reference_attention(q[lo : lo + n], k, v, causal=causal)
+            torch.testing.assert_close(
+                out[lo : lo + n].float(), ref, rtol=2.5e-2, atol=2.5e-2, msg=f"{backend} request {b}"
+            )
+            torch.testing.assert_close(
+                lse[lo : lo + n], ref_lse, rtol=1e-3, atol=1e-3, msg=f"{backend} lse {b}"
+            )
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_prefill_scales_on_16_bit_caches(device):
+    """k_scale and v_scale apply to any cache in prefill too (paged and ragged), as in decode."""
+    gen = torch.Generator().manual_seed(4)
+    batch = make_paged([40, 70], 16, 2, 64, torch.float16, device, gen=gen)
+    qo_indptr = torch.tensor([0, 9, 19], dtype=torch.int32)
+    q = torch.randn(19, 4, 64, generator=gen).to(device=device, dtype=torch.float16)
+    ws = torch.empty(16 << 20, dtype=torch.uint8, device=device)
+    paged = kiln.BatchPrefillWithPagedKVCacheWrapper(ws)
+    paged.plan(
+        qo_indptr,
+        batch.indptr,
+        batch.indices,
+        batch.last_page_len,
+        4,
+        2,
+        64,
+        16,
+        causal=True,
+        q_data_type=torch.float16,
+    )
+    out = paged.run(q, (batch.k_cache, batch.v_cache), k_scale=0.5, v_scale=2.0)
+    ragged = kiln.BatchPrefillWithRaggedKVCacheWrapper(ws)
+    ragged.plan(
+        qo_indptr,
+        torch.tensor([0, 40, 110], dtype=torch.int32),
+        4,
+        2,
+        64,
+        causal=True,
+        q_data_type=torch.float16,
+    )
+    keys = [batch.keys(b) for b in range(2)]
+    out_r = ragged.run(
+        q, torch.cat([k for k, _ in keys]), torch.cat([v for _, v in keys]), k_scale=0.5, v_scale=2.0
+    )
+    for b in range(2):
+        lo, hi = int(qo_indptr[b]), int(qo_indptr[b + 1])
+        k, v = keys[b]
+        ref, _ = reference_attention(q[lo:hi], k.float() * 0.5, v.float() * 2.0, causal=True)
+        torch.testing.assert_close(out[lo:hi].float(), ref, rtol=8e-3, atol=8e-3)
+        torch.testing.assert_close(out_r[lo:hi].float(), ref, rtol=8e-3, atol=8e-3)
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_bad_fp8_prefill_inputs(device):
+    """A page id past the cache is an IndexError before the staging gather reads through it; the
+    cache must be the planned dtype; single and ragged prefill refuse an fp8 kv_data_type."""
+    gen = torch.Generator().manual_seed(8)
+    batch, ks, vs = fp8_batch([40], 16, 2, 64, device, gen=gen)
+    qo_indptr = torch.tensor([0, 5], dtype=torch.int32)
+    q = torch.randn(5, 4, 64, generator=gen).to(device=device, dtype=torch.bfloat16)
+    ws = torch.empty(16 << 20, dtype=torch.uint8, device=device)
+    w = kiln.BatchPrefillWithPagedKVCacheWrapper(ws)
+    bad = batch.indices.clone()
+    bad[1] = batch.k_cache.shape[0] + 3
+    w.plan(
+        qo_indptr,
+        batch.indptr,
+        bad,
+        batch.last_page_len,
+        4,
+        2,
+        64,
+        16,
+        q_data_type=torch.bfloat16,
+        kv_data_type=FP8,
+    )
+    with pytest.raises(
+        IndexError, match=rf"paged_kv_indices\[1\] = {int(bad[1])} is not a page of the cache"
+    ):
+        w.run(q, (batch.k_cache, batch.v_cache), k_scale=ks, v_scale=vs)
+    w.plan(
+        qo_indptr,
+        batch.indptr,
+        batch.indices,
+        batch.last_page_len,
+        4,
+        2,
+        64,
+        16,
+        q_data_type=torch.bfloat16,
+        kv_data_type=FP8,
+    )
+    with pytest.raises(ValueError, match="the cache is torch.bfloat16, planned torch.float8_e4m3fn"):
+        w.run(q, (batch.k_cache.to(torch.bfloat16), batch.v_cache.to(torch.bfloat16)))
+    with pytest.raises(ValueError, match="q_scale"):
+        w.run(q, (batch.k_cache, batch.v_cache), q_scale=2.0)
+    ragged = kiln.BatchPrefillWithRaggedKVCacheWrapper(ws)
+    with pytest.raises(ValueError, match="must equal q_data_type"):
+        ragged.plan(
+            qo_indptr,
+            torch.tensor([0, 40], dtype=torch.int32),
+            4,
+            2,
+            64,
+            q_data_type=torch.bfloat16,
+            kv_data_type=FP8,
         )
