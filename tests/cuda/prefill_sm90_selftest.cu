@@ -145,6 +145,8 @@ int run_case(const Case& c, int kernel) {
   p.window_left = c.window_left;
   p.kv_contiguous = !paged;
   p.kv_num_pages = num_pages;
+  p.kv.num_pages = num_pages;  // the page checks' bounds (attention.h, load_page)
+  p.kv.num_indices = static_cast<int64_t>(indices.size());
   p.q_rows = total_q;
   p.kernel = kernel;
   Status st = launch(p, kernel, D);
@@ -255,6 +257,7 @@ void time_issue_shape() {
   p.out = out, p.out_stride_n = H * D, p.out_stride_h = D;
   p.sm_scale = 1.0f / std::sqrt(float(D)), p.causal = true, p.window_left = -1;
   p.kv_contiguous = true, p.kv_num_pages = 1, p.q_rows = L;
+  p.kv.num_pages = 1, p.kv.num_indices = 1;
   const double flops = 4.0 * L * double(L) * H * D / 2;
   cudaEvent_t a, b;
   cudaEventCreate(&a), cudaEventCreate(&b);
@@ -308,6 +311,11 @@ int main() {
       {"paged NHD page128 d128 (tile in page)", 128, {70, 5}, {300, 129}, 128, false, true, -1},
       {"paged HND page32 d256 causal", 256, {65, 3}, {150, 40}, 32, true, true, -1},
       {"ragged d128 causal", 128, {70, 1, 200}, {90, 1, 200}, 0, false, true, -1},
+      // Pages the TMA boxes cannot tile: the gather producer (cp.async, 128 threads).
+      {"paged NHD page1 d128 causal (gather)", 128, {100, 1, 64}, {300, 1, 70}, 1, false, true, -1},
+      {"paged HND page8 d64 (gather)", 64, {33, 90}, {130, 200}, 8, true, false, -1},
+      {"paged NHD page5 d256 causal (gather)", 256, {65, 3}, {150, 40}, 5, false, true, -1},
+      {"paged HND page24 d128 causal (gather)", 128, {130, 2}, {333, 2}, 24, true, true, -1},
       // More CTAs (items x 4 heads) than SMs, in prefill_cta's order across requests.
       {"paged NHD page16 d128 causal, 288 CTAs", 128, std::vector<int>(24, 300), std::vector<int>(24, 333), 16, false,
        true, -1},
