@@ -130,11 +130,13 @@ def cases(dev):
 
 
 def small_page_cases(dev):
-    """The gather producer (pages under 16 tokens) against TMA (page 16) and fa2 on the issue's
-    shape, 16 x 2048 causal, GQA 32/8, head_dim 128; then where auto must choose: short prompts,
-    other head dims, an odd page size."""
-    for page in (1, 8, 16):
+    """The gather producer (pages under 16 tokens, and those dividing the tile) against TMA boxes
+    (pages a multiple of the tile) and fa2 on the issue's shape, 16 x 2048 causal, GQA 32/8,
+    head_dim 128; then where auto must choose: a skewed batch, short prompts, other head dims, an
+    odd page size."""
+    for page in (1, 8, 16, 32, 64, 128):
         yield lambda p=page: batch_case([2048] * 16, p, dev)
+    yield lambda: batch_case([4096, 1024, 512, 256, 128, 64, 7, 1], 16, dev)
     for page in (1, 16):
         yield lambda p=page: batch_case([512] * 4, p, dev)
     for d in (64, 256):

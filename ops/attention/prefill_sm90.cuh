@@ -19,8 +19,9 @@
 // setmaxnreg moves registers from the producer (40-72, by head_dim) to the consumers (232-216).
 //
 // KV tiles come in TMA boxes of 64 head-dim columns (128 bytes, the swizzle span) by B rows:
-//   paged cache: B = min(page_size, BLOCK_N), one box per page (page_size | BLOCK_N) or one box
-//     per tile inside a page (BLOCK_N | page_size); pages past the request's last are skipped.
+//   paged cache: B = min(page_size, BLOCK_N), one box per page (page_size | BLOCK_N, at most
+//     kSm90MaxTmaBoxes boxes a chunk) or one box per tile inside a page (BLOCK_N | page_size);
+//     pages past the request's last are skipped. Other paged caches are gathered.
 //   kv_contiguous, page_size 1 (ragged): keys of a request are consecutive cache pages; one box
 //     of BLOCK_N pages per tile.
 //   kv_contiguous, one page per request (single prefill): one box of BLOCK_N slots per tile.
@@ -615,6 +616,16 @@ constexpr CUtensorMapDataType tma_dtype() {
 // to the FA2 kernel as before (docs/perf/prefill-sm90.md, "Gather producer").
 constexpr bool kSm90Gather = true;
 
+// The most TMA boxes per 64-column chunk of a tile the automatic choice gives a paged cache whose
+// pages divide the tile (BLOCK_N / page_size); with more, it gathers. Measured on the H200, both
+// producers on one cache (docs/perf/prefill-sm90.md): 8 boxes (page 16 at head_dim 64 and 128)
+// 15 % slower than the gather; 4 boxes within 2 % either way; 2 boxes 5-14 % faster.
+constexpr int kSm90MaxTmaBoxes = 4;
+
+// How the KV tiles are loaded: the measured choice, or either producer forced (the self-test's
+// A/B timing, tests/cuda/prefill_sm90_selftest.cu).
+enum class Sm90Load { kAuto, kTma, kGather };
+
 namespace sm90_host {
 
 // Whether k and v can be described by tensor maps: 16-byte aligned bases, every stride (bytes) a
@@ -640,21 +651,26 @@ inline bool kv_rows_aligned(const PrefillParams& p, int64_t e) {
 
 }  // namespace sm90_host
 
-// How a call's KV tiles are loaded: TMA boxes where the page size tiles and k/v take tensor maps,
-// else the gather (kSm90Gather, rows 16-byte aligned), else rows = 0 (the sm90a kernel cannot).
+// How a call's KV tiles are loaded: TMA boxes where k/v take tensor maps and the tile is one box
+// a chunk (ragged, single, pages a multiple of the tile) or, for pages dividing the tile, at most
+// kSm90MaxTmaBoxes boxes a chunk; else the gather (kSm90Gather, rows 16-byte aligned); else
+// rows = 0 (the sm90a kernel cannot). `load` forces one producer (rows = 0 where it cannot).
 template <typename T, int HEAD_DIM>
-Sm90KvBoxes prefill_sm90_boxes(const PrefillParams& p) {
+Sm90KvBoxes prefill_sm90_boxes(const PrefillParams& p, Sm90Load load = Sm90Load::kAuto) {
   constexpr int N = Sm90Shape<T, HEAD_DIM>::BLOCK_N;
   const int64_t ps = p.kv.page_size, e = sizeof(T);
-  if (sm90_host::kv_tma_ok(p, e)) {
+  const bool gather_ok = kSm90Gather && sm90_host::kv_rows_aligned(p, e);
+  if (load != Sm90Load::kGather && sm90_host::kv_tma_ok(p, e)) {
     if (p.kv_contiguous) return ps == 1 ? Sm90KvBoxes{N, true, false} : Sm90KvBoxes{N, false, false};
     if (ps % N == 0) return {N, false, false};
     // Pages under 16 rows would take more than BLOCK_N / 16 boxes a chunk (the single TMA thread
-    // would bound the kernel) and break the boxes' 1024-byte swizzle alignment: the gather serves
-    // them.
-    if (N % ps == 0 && ps >= 16) return {static_cast<int>(ps), false, false};
+    // would bound the kernel) and break the boxes' 1024-byte swizzle alignment: never TMA.
+    const bool tma_tiles = N % ps == 0 && ps >= 16;
+    if (tma_tiles && (load == Sm90Load::kTma || !gather_ok || N / ps <= kSm90MaxTmaBoxes)) {
+      return {static_cast<int>(ps), false, false};
+    }
   }
-  if (kSm90Gather && sm90_host::kv_rows_aligned(p, e)) return {N, false, true};
+  if (load != Sm90Load::kTma && gather_ok) return {N, false, true};
   return {0, false, false};
 }
 
@@ -709,7 +725,7 @@ bool prefill_sm90_supported(const PrefillParams& p, int device, std::string* why
 }
 
 template <typename T, int HEAD_DIM, bool SOFTCAP>
-Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx) {
+Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx, Sm90Load load = Sm90Load::kAuto) {
   using S = Sm90Shape<T, HEAD_DIM>;
   if (p.work_capacity == 0) return Status::Ok();
   DeviceGuard guard(ctx.device);
@@ -719,7 +735,8 @@ Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx) {
   if (!prefill_sm90_supported<T, HEAD_DIM, SOFTCAP>(p, device, &why)) {
     return Status::Error(1, "prefill (sm90a kernel): " + why);
   }
-  const Sm90KvBoxes boxes = prefill_sm90_boxes<T, HEAD_DIM>(p);
+  const Sm90KvBoxes boxes = prefill_sm90_boxes<T, HEAD_DIM>(p, load);
+  if (boxes.rows == 0) return Status::Error(1, "prefill (sm90a kernel): the forced KV producer cannot load this cache");
   const auto encode = tma::encoder();
   const CUtensorMapDataType dt = sm90_host::tma_dtype<T>();
   const cuuint64_t e = sizeof(T);

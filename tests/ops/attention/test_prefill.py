@@ -152,9 +152,10 @@ def test_head_dims_window_soft_cap(device, head_dim, window_left, soft_cap, sm_s
 @pytest.mark.parametrize("page,d", [(16, 64), (16, 128), (32, 256), (128, 64), (1, 128), (7, 64)])
 def test_paged_equals_ragged_equals_single_on_mixed_batches(device, layout, backend, page, d):
     """Mixed lengths with an empty request, a one-query request, qo_len < kv_len; shuffled pages.
-    fa3 tiles pages of 16 and 32 (several per KV tile) and 128 (a tile inside a page) by TMA; its
-    gather producer serves pages of 1 and 7 (test_prefill_small_pages.py), bit for bit the tiles
-    TMA loads for the ragged and single calls."""
+    fa3 loads pages of 32 at head_dim 256 (two per KV tile) and 128 (a tile inside a page) by TMA
+    boxes; its gather producer serves pages of 1, 7 and 16 at head_dim 64 and 128
+    (test_prefill_small_pages.py), bit for bit the tiles TMA loads for the ragged and single
+    calls."""
     need_backend(device, backend)
     if device == "cpu" and (page, d) != (16, 64):
         pytest.skip("the host backend has one kernel; one page size covers it")
@@ -316,7 +317,7 @@ def test_property_cuda(backend, lens, page, causal, head_dim, seed):
     batch = make_paged(kv_lens, page, 2, head_dim, torch.bfloat16, "cuda", gen=gen)
     qo_indptr = torch.tensor([0] + list(torch.tensor(qo_lens).cumsum(0)), dtype=torch.int32)
     q = rand((sum(qo_lens), 8, head_dim), torch.bfloat16, "cuda", gen)
-    with fa3_strict(backend):  # pages of 16 and 64 by TMA, 1 and 7 by the gather producer
+    with fa3_strict(backend):  # page 64 (and 16 at head_dim 256) by TMA, the rest by the gather
         w = kiln.BatchPrefillWithPagedKVCacheWrapper(
             torch.empty(1 << 20, dtype=torch.uint8, device="cuda"), backend=backend
         )
