@@ -120,8 +120,8 @@ __device__ __forceinline__ void sm90_record_bad_pages(const PrefillParams& p, in
 // The gather producer (Sm90KvBoxes::gather): the producer warpgroup's 128 threads copy every KV
 // tile's rows with cp.async, 16 bytes an instruction, into the layout the TMA boxes write (chunks
 // of [BLOCK_N rows x 128 B], the 16-byte unit j of row r at j ^ (r % 8): the 128-byte swizzle),
-// so the consumers' descriptors are the same. Warp w copies rows [w, w + 1) x BLOCK_N / 4 of a
-// tile: lane r looks up row r's page (one page-table load a lane and tile, checked like
+// so the consumers' descriptors are the same. Warp w copies rows [w, w + 1) * BLOCK_N / 4 of a
+// tile, and its lane r looks up the r-th of them (one page-table load a lane and tile, checked like
 // load_page: an entry outside the request's checked range or an id outside [0, num_pages) is not
 // read, its rows are zero-filled and the CTA's outputs poisoned), and a shuffle hands each row's
 // offset to the lanes that copy it. Lane (g, q) = (lane / 4, lane % 4) copies the 16-byte units
