@@ -1,11 +1,12 @@
 """kiln's two prefill kernels side by side (backend="fa2", "fa3" and what "auto" picks) over the
 shapes the committed definitions hold constant: head_dim 64 / 128 / 256, causal and not, short
-and long prompts, uniform and skewed paged batches, page sizes the sm90a kernel tiles and one it
-does not (page 1: fa3 falls back to fa2). It is the evidence behind `auto`'s choice
+and long prompts, uniform and skewed paged batches, page sizes the sm90a kernel tiles by TMA and
+ones its gather producer serves (pages 1 and 8). It is the evidence behind `auto`'s choice
 (python/kiln/_attention.py prefill_kernel); the harness (`python -m benchmarks run`) covers the
 definitions' shapes against the peers.
 
     python -m benchmarks.prefill_backends --output results.jsonl   # CUDA, compute capability 9.0
+    python -m benchmarks.prefill_backends --cases small-pages        # pages 1, 8 against 16
 
 Each case is checked first: every backend's output against float32 SDPA on the same fresh random
 inputs (bf16 tolerance 2e-2), then timed with benchmarks.timing (50 measurements, CUPTI when
@@ -66,6 +67,7 @@ def batch_case(lens, page_size, dev, ragged=False, d=128, causal=True):
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
     name = "ragged" if ragged else f"paged p{page_size}"
     label = f"{name} {len(lens)}x{lens[0]}" if len(set(lens)) == 1 else f"{name} skewed {lens}"
+    label += (f" d={d}" if d != 128 else "") + ("" if causal else " full")
     flops = sum(4 * n * n * HQ * d / (2 if causal else 1) for n in lens)
     if ragged:
         k, v = torch.cat(ks), torch.cat(vs)
@@ -127,10 +129,27 @@ def cases(dev):
     yield lambda: batch_case([2048] * 4, 0, dev, ragged=True)
 
 
+def small_page_cases(dev):
+    """The gather producer (pages under 16 tokens, and those dividing the tile) against TMA boxes
+    (pages a multiple of the tile) and fa2 on the issue's shape, 16 x 2048 causal, GQA 32/8,
+    head_dim 128; then where auto must choose: a skewed batch, short prompts, other head dims, an
+    odd page size."""
+    for page in (1, 8, 16, 32, 64, 128):
+        yield lambda p=page: batch_case([2048] * 16, p, dev)
+    yield lambda: batch_case([4096, 1024, 512, 256, 128, 64, 7, 1], 16, dev)
+    for page in (1, 16):
+        yield lambda p=page: batch_case([512] * 4, p, dev)
+    for d in (64, 256):
+        yield lambda d=d: batch_case([2048] * 16, 1, dev, d=d)
+    yield lambda: batch_case([2048] * 16, 5, dev)
+    yield lambda: batch_case([2048] * 16, 1, dev, causal=False)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--output", help="JSON lines file")
     ap.add_argument("--measurements", type=int, default=50)
+    ap.add_argument("--cases", choices=("all", "small-pages"), default="all")
     args = ap.parse_args(argv)
     dev = torch.device("cuda")
     if torch.cuda.get_device_capability(dev) != (9, 0):
@@ -142,7 +161,7 @@ def main(argv=None) -> int:
     print("| case | fa2 us | fa3 us | auto us | fa3 TFLOP/s | fa2 / fa3 |")
     print("|---|---|---|---|---|---|")
     failed = 0
-    for build in cases(dev):
+    for build in (cases if args.cases == "all" else small_page_cases)(dev):
         torch.manual_seed(0)
         info, make, ref, flops = build()
         row = {}

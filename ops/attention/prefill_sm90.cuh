@@ -6,7 +6,10 @@
 // One CTA = one plan work item (128 queries) x one query head, 384 threads:
 //   warpgroup 0, producer: one thread issues TMA loads (Q once; K and V tiles of BLOCK_N keys into
 //     a STAGES-deep shared-memory ring, "full" mbarriers counting bytes, "empty" mbarriers counting
-//     the consumers' 256 arrivals); the other producer warps retire.
+//     the consumers' 256 arrivals); the other producer warps retire. Where TMA boxes cannot tile
+//     the cache (pages under 16 tokens, page sizes that neither divide nor are multiples of the
+//     tile, strides a tensor map rejects) all 128 producer threads gather K and V with cp.async
+//     instead (sm90_gather_kv), into the same swizzled tiles, completing on the same barriers.
 //   warpgroups 1 and 2, consumers, 64 queries each: S = Q K^T with wgmma (Q and K K-major in
 //     shared memory, 128-byte swizzle), scale / soft-cap / masks / online softmax on the
 //     accumulator registers, P packed to 16 bits in registers as the A operand of O += P V (V
@@ -16,14 +19,16 @@
 // setmaxnreg moves registers from the producer (40-72, by head_dim) to the consumers (232-216).
 //
 // KV tiles come in TMA boxes of 64 head-dim columns (128 bytes, the swizzle span) by B rows:
-//   paged cache: B = min(page_size, BLOCK_N), one box per page (page_size | BLOCK_N) or one box
-//     per tile inside a page (BLOCK_N | page_size); pages past the request's last are skipped.
+//   paged cache: B = min(page_size, BLOCK_N), one box per page (page_size | BLOCK_N, at most
+//     kSm90MaxTmaBoxes boxes a chunk) or one box per tile inside a page (BLOCK_N | page_size);
+//     pages past the request's last are skipped. Other paged caches are gathered.
 //   kv_contiguous, page_size 1 (ragged): keys of a request are consecutive cache pages; one box
 //     of BLOCK_N pages per tile.
 //   kv_contiguous, one page per request (single prefill): one box of BLOCK_N slots per tile.
 // Rows past the cache's extent read as zero (TMA out-of-bounds fill); rows past kv_len inside a
 // paged cache's last page are stale memory, so each consumer zeroes V's rows >= kv_len of the last
-// tile before P V (0 * NaN would otherwise poison O); K's are masked to -inf like any key.
+// tile before P V (0 * NaN would otherwise poison O); K's are masked to -inf like any key. The
+// gather zero-fills rows past kv_len itself.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the runtime's entry point
@@ -38,6 +43,7 @@
 #include "ops/attention/online_softmax.cuh"
 #include "ops/attention/prefill.cuh"
 #include "ops/attention/state.h"
+#include "ops/common/async_copy.cuh"
 #include "ops/common/cuda_utils.cuh"
 #include "ops/common/dtypes.h"
 #include "ops/common/math.h"
@@ -83,18 +89,106 @@ struct Sm90Shape {
 // driver refused a tensor map): the caller may run the FA2 kernel instead.
 constexpr int kSm90Declined = 0x5390;
 
-// How a KV tile is cut into TMA boxes (host-chosen, see the header comment).
+// How a KV tile is loaded (host-chosen, see the header comment): TMA boxes, or gathered row by
+// row with cp.async by the whole producer warpgroup (`gather`: any page size, any stride that
+// keeps rows 16-byte aligned).
 struct Sm90KvBoxes {
-  int rows;        // B: rows per box
+  int rows;        // B: rows per box (TMA)
   bool page_axis;  // boxes run along the page axis (ragged: one-token pages)
+  bool gather;     // cp.async gather instead of TMA boxes
 };
 
 // Named barriers (id 0 is __syncthreads'): consumer c's turn to issue GEMMs is barrier 1 + c
 // (256 = both consumers: c syncs, the other arrives); 3 + c orders consumer c's V zeroing; 5 + c
 // hands the page check's verdict (bad_kv) from the producer to consumer c's epilogue (one
 // barrier per consumer: neither waits for the other to finish).
-constexpr int kSm90TurnBarrier = 1, kSm90ZeroBarrier = 3, kSm90CheckBarrier = 5;
-constexpr int kSm90CheckThreads = 32 + 128;  // the producer's warp and one consumer
+// 7 gathers the gather producer's page verdicts over its 128 threads.
+constexpr int kSm90TurnBarrier = 1, kSm90ZeroBarrier = 3, kSm90CheckBarrier = 5, kSm90GatherBarrier = 7;
+
+// The pages of a request's KV range [kv_start, kv_stop) that are not there, recorded (the cold
+// path: the producers call it only after they saw a bad id, reading the page table again).
+__device__ __forceinline__ void sm90_record_bad_pages(const PrefillParams& p, int request, int kv_start, int kv_stop,
+                                                      int64_t* errors) {
+  const int first = p.kv.page_indptr[request], pages = p.kv.page_indptr[request + 1] - first;
+  const int ps = static_cast<int>(p.kv.page_size);
+  const int pi_end = min(pages, (kv_stop + ps - 1) / ps);
+  for (int pi = kv_start / ps; pi < pi_end; ++pi) {
+    if (load_page(p.kv, first, pi) < 0) record_page_error(p.kv, request, first, pi, errors);
+  }
+}
+
+// The gather producer (Sm90KvBoxes::gather): the producer warpgroup's 128 threads copy every KV
+// tile's rows with cp.async, 16 bytes an instruction, into the layout the TMA boxes write (chunks
+// of [BLOCK_N rows x 128 B], the 16-byte unit j of row r at j ^ (r % 8): the 128-byte swizzle),
+// so the consumers' descriptors are the same. Warp w copies rows [w, w + 1) * BLOCK_N / 4 of a
+// tile, and its lane r looks up the r-th of them (one page-table load a lane and tile, checked like
+// load_page: an entry outside the request's checked range or an id outside [0, num_pages) is not
+// read, its rows are zero-filled and the CTA's outputs poisoned), and a shuffle hands each row's
+// offset to the lanes that copy it. Lane (g, q) = (lane / 4, lane % 4) copies the 16-byte units
+// q + 4m of the rows g + 8k: all its rows share r % 8 = g, so its swizzled positions take two
+// values (units q and q + 4 of a 128-byte row) and every address is a register plus an immediate
+// (the producer has 40 registers). Rows past kv_len are zero-filled (src-size 0, no
+// read), so the consumers need not zero V's stale tail. Each thread's copies of a tile complete
+// on the stage's full barrier (cp.async.mbarrier.arrive.noinc: 128 arrivals a phase).
+template <typename T, int HEAD_DIM>
+__device__ __forceinline__ bool sm90_gather_kv(const PrefillParams& p, int request, int kv_head, int kv_start,
+                                               int kv_len, int num_tiles, uint8_t* sk, uint8_t* sv, uint64_t* k_full,
+                                               uint64_t* v_full, uint64_t* k_empty, uint64_t* v_empty) {
+  using S = Sm90Shape<T, HEAD_DIM>;
+  constexpr int N = S::BLOCK_N, STAGES = S::STAGES;
+  constexpr int VEC = 16 / int(sizeof(T));  // elements a 16-byte copy
+  constexpr int UNITS = HEAD_DIM / VEC;     // 16-byte units a row: 8, 16, 32
+  constexpr int WARP_ROWS = N / 4;          // rows of a tile per producer warp: 32 or 16
+  static_assert(UNITS % 8 == 0 && WARP_ROWS % 8 == 0 && WARP_ROWS <= 32, "gather tiling");
+  const PagedKV& kv = p.kv;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, q = lane % 4;
+  const uint32_t swz = uint32_t((q ^ g) << 4);  // unit q of a row r with r % 8 = g; unit q + 4: swz ^ 64
+  const T* kbase = static_cast<const T*>(kv.k) + kv_head * kv.k_head_stride + q * VEC;
+  const T* vbase = static_cast<const T*>(kv.v) + kv_head * kv.v_head_stride + q * VEC;
+  const int first_page = kv.page_indptr[request];
+  const int num_pages = kv.page_indptr[request + 1] - first_page;
+  // The request's entries of page_indices, checked once (as the TMA path does): entries outside
+  // the tensor are not read at all.
+  const bool entries_ok = first_page >= 0 && int64_t(first_page) + max(num_pages, 0) <= kv.num_indices;
+  const int loaded_pages = entries_ok ? num_pages : 0;
+  const int page_size = static_cast<int>(kv.page_size);
+  bool bad = !entries_ok && num_pages > 0 && num_tiles > 0;
+  auto copy = [&](const T* base, int64_t off, uint8_t* tile) {
+    uint8_t* row_g = tile + (warp * WARP_ROWS + g) * 128;
+#pragma unroll
+    for (int k = 0; k < WARP_ROWS / 8; ++k) {  // row g + 8k of the warp's: 1024 bytes further each
+      const int64_t o = __shfl_sync(0xffffffffu, off, g + 8 * k);
+#pragma unroll
+      for (int m = 0; m < UNITS / 4; ++m) {  // unit q + 4m: chunk m / 2, position swz ^ 64 (m % 2)
+        cp_async_16(row_g + k * 1024 + (m / 2) * S::KV_CHUNK_BYTES + (swz ^ ((m & 1) << 6)),
+                    o >= 0 ? base + o + 4 * m * VEC : base, o >= 0);
+      }
+    }
+  };
+  for (int i = 0; i < num_tiles; ++i) {
+    const int s = i % STAGES;
+    const uint32_t phase = (i / STAGES) & 1;
+    const int tok = kv_start + i * N + warp * WARP_ROWS + lane;  // the row this lane looks up
+    const int pi = tok / page_size, slot = tok - pi * page_size;
+    const bool in = lane < WARP_ROWS && tok < kv_len && pi < loaded_pages;
+    const int id = in ? kv.page_indices[first_page + pi] : 0;
+    const bool ok = in && id >= 0 && id < kv.num_pages;
+    bad |= in && !ok;
+    const int64_t koff = ok ? id * kv.k_page_stride + slot * kv.k_slot_stride : -1;
+    const int64_t voff = ok ? id * kv.v_page_stride + slot * kv.v_slot_stride : -1;
+    sm90::mbar_wait(&k_empty[s], phase ^ 1);
+    copy(kbase, koff, sk + s * S::KV_BYTES);
+    sm90::cp_async_mbar_arrive_noinc(&k_full[s]);
+    sm90::mbar_wait(&v_empty[s], phase ^ 1);
+    copy(vbase, voff, sv + s * S::KV_BYTES);
+    sm90::cp_async_mbar_arrive_noinc(&v_full[s]);
+  }
+  // No copy of this thread may still be in flight when it exits.
+  cp_async_commit();
+  cp_async_wait<0>();
+  return sm90::named_barrier_or(kSm90GatherBarrier, 128, bad);
+}
 
 template <typename T, int HEAD_DIM, bool SOFTCAP>
 __global__ void __launch_bounds__(kSm90Threads, 1)
@@ -144,12 +238,16 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   kv_start = (kv_start / N) * N;
   const int num_tiles = kv_end > kv_start ? (kv_end - kv_start + N - 1) / N : 0;
 
+  // Arrivals a full barrier's phase takes: the TMA thread's one (with the bytes it expects), or
+  // each gather thread's cp.async arrival. The page check's barrier counts the producer warps.
+  const uint32_t full_arrivals = boxes.gather ? 128 : 1;
+  const int check_threads = (boxes.gather ? 128 : 32) + 128;
   if (threadIdx.x == 0) {
     *bad_kv = 0;
     sm90::mbar_init(q_full, 1);
     for (int s = 0; s < STAGES; ++s) {
-      sm90::mbar_init(&k_full[s], 1);
-      sm90::mbar_init(&v_full[s], 1);
+      sm90::mbar_init(&k_full[s], full_arrivals);
+      sm90::mbar_init(&v_full[s], full_arrivals);
       sm90::mbar_init(&k_empty[s], 128 * kSm90Consumers);
       sm90::mbar_init(&v_empty[s], 128 * kSm90Consumers);
     }
@@ -160,14 +258,30 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   if (threadIdx.x < 128) {
     // ---------------- producer ----------------
     sm90::setmaxnreg_dec<S::PRODUCER_REGS>();
+    auto load_q = [&] {
+      sm90::prefetch_tensor_map(&tq);
+      sm90::mbar_arrive_expect_tx(q_full, S::Q_BYTES);
+#pragma unroll
+      for (int c = 0; c < CHUNKS; ++c)
+        sm90::tma_load_3d(sq + c * S::Q_CHUNK_BYTES, &tq, q_full, c * 64, head, q_begin + q0);
+    };
+    if (boxes.gather) {  // Q by TMA, K and V gathered by all 128 threads
+      if (threadIdx.x == 0) load_q();
+      if (sm90_gather_kv<T, HEAD_DIM>(p, request, kv_head, kv_start, kv_len, num_tiles, sk, sv, k_full, v_full, k_empty,
+                                      v_empty)) {
+        if (threadIdx.x == 0) {
+          sm90_record_bad_pages(p, request, kv_start, kv_start + num_tiles * N, errors);
+          *bad_kv = 1;
+        }
+      }
+      __threadfence_block();
+      for (int c = 0; c < kSm90Consumers; ++c) sm90::named_barrier_arrive(kSm90CheckBarrier + c, check_threads);
+      return;
+    }
     if (threadIdx.x != 0) return;
-    sm90::prefetch_tensor_map(&tq);
     sm90::prefetch_tensor_map(&tk);
     sm90::prefetch_tensor_map(&tv);
-    sm90::mbar_arrive_expect_tx(q_full, S::Q_BYTES);
-#pragma unroll
-    for (int c = 0; c < CHUNKS; ++c)
-      sm90::tma_load_3d(sq + c * S::Q_CHUNK_BYTES, &tq, q_full, c * 64, head, q_begin + q0);
+    load_q();
     const int first_page = p.kv.page_indptr[request];
     const int num_pages = p.kv.page_indptr[request + 1] - first_page;
     const int page_size = static_cast<int>(p.kv.page_size);
@@ -241,16 +355,11 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     // Every tile is issued, a few ahead of the consumers: now say which page was not there (the
     // cold path) and hand the verdict to their epilogues.
     if (bad_page) {  // (reads the page table again: nothing of the loop's stays live for this)
-      const int first = p.kv.page_indptr[request], pages = p.kv.page_indptr[request + 1] - first;
-      const int ps = static_cast<int>(p.kv.page_size);
-      const int pi_end = min(pages, (kv_start + num_tiles * N + ps - 1) / ps);
-      for (int pi = kv_start / ps; pi < pi_end; ++pi) {
-        if (load_page(p.kv, first, pi) < 0) record_page_error(p.kv, request, first, pi, errors);
-      }
+      sm90_record_bad_pages(p, request, kv_start, kv_start + num_tiles * N, errors);
       *bad_kv = 1;
     }
     __threadfence_block();
-    for (int c = 0; c < kSm90Consumers; ++c) sm90::named_barrier_arrive(kSm90CheckBarrier + c, kSm90CheckThreads);
+    for (int c = 0; c < kSm90Consumers; ++c) sm90::named_barrier_arrive(kSm90CheckBarrier + c, check_threads);
     return;
   }
 
@@ -266,7 +375,11 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   // first. Masks and row maxima work on the raw logits (kfac > 0 keeps their order).
   const float kfac = SOFTCAP ? 1.0f : p.sm_scale * kLog2e;
   const float cap_in = p.sm_scale / p.soft_cap, cap_out = p.soft_cap * kLog2e;
-  const bool zero_tail = !p.kv_contiguous;  // stale rows past kv_len exist only in real pages
+  // Stale rows past kv_len exist only in real pages, and the gather zero-fills them itself.
+  const bool zero_tail = !p.kv_contiguous && !boxes.gather;
+  // cp.async writes shared memory through the generic proxy and wgmma reads it through the async
+  // proxy: after a gathered tile's full barrier, each consumer thread fences the two.
+  const bool gathered = boxes.gather;
 
   float o[HEAD_DIM / 2];
 #pragma unroll
@@ -289,6 +402,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     const int s = i % STAGES;
     const uint32_t sk_addr = sm90::smem_u32(sk + s * S::KV_BYTES);
     sm90::mbar_wait(&k_full[s], (i / STAGES) & 1);
+    if (gathered) sm90::fence_proxy_async();
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
@@ -319,6 +433,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   auto prepare_pv = [&](int i) {
     const int s = i % STAGES, tok0 = kv_start + i * N;
     sm90::mbar_wait(&v_full[s], (i / STAGES) & 1);
+    if (gathered) sm90::fence_proxy_async();
     if (zero_tail && tok0 + N > kv_len) {
       uint8_t* vt = sv + s * S::KV_BYTES;
       const int first = max(kv_len - tok0, 0);
@@ -462,7 +577,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
   }
-  sm90::named_barrier_sync(kSm90CheckBarrier + cw, kSm90CheckThreads);  // the page check's verdict
+  sm90::named_barrier_sync(kSm90CheckBarrier + cw, check_threads);  // the page check's verdict
   const bool poisoned = *bad_kv != 0;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -496,16 +611,67 @@ constexpr CUtensorMapDataType tma_dtype() {
 
 }  // namespace sm90_host
 
-// The boxes a call's KV tiles are cut into, or rows = 0 where the sm90a kernel cannot tile it.
+// Whether the gather producer may serve calls TMA cannot tile (page sizes under 16 or neither
+// dividing nor a multiple of the tile, strides a tensor map rejects). Off, those calls fall back
+// to the FA2 kernel as before (docs/perf/prefill-sm90.md, "Gather producer").
+constexpr bool kSm90Gather = true;
+
+// The most TMA boxes per 64-column chunk of a tile the automatic choice gives a paged cache whose
+// pages divide the tile (BLOCK_N / page_size); with more, it gathers. Measured on the H200, both
+// producers on one cache (docs/perf/prefill-sm90.md): 8 boxes (page 16 at head_dim 64 and 128)
+// 15 % slower than the gather; 4 boxes within 2 % either way; 2 boxes 5-14 % faster.
+constexpr int kSm90MaxTmaBoxes = 4;
+
+// How the KV tiles are loaded: the measured choice, or either producer forced (the self-test's
+// A/B timing, tests/cuda/prefill_sm90_selftest.cu).
+enum class Sm90Load { kAuto, kTma, kGather };
+
+namespace sm90_host {
+
+// Whether k and v can be described by tensor maps: 16-byte aligned bases, every stride (bytes) a
+// positive multiple of 16 below 2^40 (tma::stride_ok).
+inline bool kv_tma_ok(const PrefillParams& p, int64_t e) {
+  const PagedKV& kv = p.kv;
+  return tma::aligned16(kv.k) && tma::aligned16(kv.v) && tma::stride_ok(kv.k_page_stride * e) &&
+         tma::stride_ok(kv.k_head_stride * e) && tma::stride_ok(kv.v_page_stride * e) &&
+         tma::stride_ok(kv.v_head_stride * e) && tma::stride_ok(kv.k_slot_stride * e) &&
+         tma::stride_ok(kv.v_slot_stride * e);
+}
+
+// Whether every K and V row starts on 16 bytes (what the gather's 16-byte copies need): aligned
+// bases and strides in multiples of 16 bytes, except along an axis of extent 1 (never stepped).
+inline bool kv_rows_aligned(const PrefillParams& p, int64_t e) {
+  const PagedKV& kv = p.kv;
+  auto ok = [&](int64_t stride, int64_t extent) { return extent <= 1 || (stride * e) % 16 == 0; };
+  return tma::aligned16(kv.k) && tma::aligned16(kv.v) && ok(kv.k_page_stride, p.kv_num_pages) &&
+         ok(kv.v_page_stride, p.kv_num_pages) && ok(kv.k_slot_stride, kv.page_size) &&
+         ok(kv.v_slot_stride, kv.page_size) && ok(kv.k_head_stride, p.num_kv_heads) &&
+         ok(kv.v_head_stride, p.num_kv_heads);
+}
+
+}  // namespace sm90_host
+
+// How a call's KV tiles are loaded: TMA boxes where k/v take tensor maps and the tile is one box
+// a chunk (ragged, single, pages a multiple of the tile) or, for pages dividing the tile, at most
+// kSm90MaxTmaBoxes boxes a chunk; else the gather (kSm90Gather, rows 16-byte aligned); else
+// rows = 0 (the sm90a kernel cannot). `load` forces one producer (rows = 0 where it cannot).
 template <typename T, int HEAD_DIM>
-Sm90KvBoxes prefill_sm90_boxes(const PrefillParams& p) {
+Sm90KvBoxes prefill_sm90_boxes(const PrefillParams& p, Sm90Load load = Sm90Load::kAuto) {
   constexpr int N = Sm90Shape<T, HEAD_DIM>::BLOCK_N;
-  const int64_t ps = p.kv.page_size;
-  if (p.kv_contiguous) return ps == 1 ? Sm90KvBoxes{N, true} : Sm90KvBoxes{N, false};
-  if (ps % N == 0) return {N, false};
-  // Pages smaller than 16 rows would take more than BLOCK_N / 16 boxes a chunk: FA2 does better.
-  if (N % ps == 0 && ps >= 16) return {static_cast<int>(ps), false};
-  return {0, false};
+  const int64_t ps = p.kv.page_size, e = sizeof(T);
+  const bool gather_ok = kSm90Gather && sm90_host::kv_rows_aligned(p, e);
+  if (load != Sm90Load::kGather && sm90_host::kv_tma_ok(p, e)) {
+    if (p.kv_contiguous) return ps == 1 ? Sm90KvBoxes{N, true, false} : Sm90KvBoxes{N, false, false};
+    if (ps % N == 0) return {N, false, false};
+    // Pages under 16 rows would take more than BLOCK_N / 16 boxes a chunk (the single TMA thread
+    // would bound the kernel) and break the boxes' 1024-byte swizzle alignment: never TMA.
+    const bool tma_tiles = N % ps == 0 && ps >= 16;
+    if (tma_tiles && (load == Sm90Load::kTma || !gather_ok || N / ps <= kSm90MaxTmaBoxes)) {
+      return {static_cast<int>(ps), false, false};
+    }
+  }
+  if (load != Sm90Load::kTma && gather_ok) return {N, false, true};
+  return {0, false, false};
 }
 
 // Whether the sm90a kernel can serve this call (else launch_prefill does). `why` gets the reason.
@@ -538,17 +704,19 @@ bool prefill_sm90_supported(const PrefillParams& p, int device, std::string* why
   if (cached[device] == -1) return no("the device is not compute capability 9.0");
   if (cached[device] == -2) return no("the module has no sm_90a machine code (9.0a not in its arch list)");
   if (tma::encoder() == nullptr) return no("the driver has no cuTensorMapEncodeTiled");
-  if (prefill_sm90_boxes<T, HEAD_DIM>(p).rows == 0) {
-    return no("page_size " + std::to_string(p.kv.page_size) + " neither divides nor is a multiple of the KV tile");
-  }
   const int64_t e = sizeof(T);
-  const PagedKV& kv = p.kv;
-  if (!tma::aligned16(p.q) || !tma::aligned16(kv.k) || !tma::aligned16(kv.v) || !tma::stride_ok(p.q_stride_n * e) ||
-      !tma::stride_ok(p.q_stride_h * e) || !tma::stride_ok(kv.k_page_stride * e) ||
-      !tma::stride_ok(kv.k_head_stride * e) || !tma::stride_ok(kv.v_page_stride * e) ||
-      !tma::stride_ok(kv.v_head_stride * e) || !tma::stride_ok(kv.k_slot_stride * e) ||
-      !tma::stride_ok(kv.v_slot_stride * e)) {
-    return no("q, k or v is not 16-byte aligned or has a stride TMA cannot take");
+  if (prefill_sm90_boxes<T, HEAD_DIM>(p).rows == 0) {
+    if (!kSm90Gather && sm90_host::kv_tma_ok(p, e)) {
+      return no("page_size " + std::to_string(p.kv.page_size) +
+                " neither divides nor is a multiple of the KV tile (the gather producer is off)");
+    }
+    return no(kSm90Gather
+                  ? "k_cache or v_cache rows are not 16-byte aligned (data pointer and strides)"
+                  : "k or v is not 16-byte aligned or has a stride TMA cannot take (the gather producer is off)");
+  }
+  if (!tma::aligned16(p.q) || !tma::stride_ok(p.q_stride_n * e) || !tma::stride_ok(p.q_stride_h * e)) {
+    return no("q is not 16-byte aligned or has a stride TMA cannot take (q_stride_n " + std::to_string(p.q_stride_n) +
+              ", q_stride_h " + std::to_string(p.q_stride_h) + " elements)");
   }
   if (p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) {
     return no("unsupported head counts");
@@ -557,7 +725,7 @@ bool prefill_sm90_supported(const PrefillParams& p, int device, std::string* why
 }
 
 template <typename T, int HEAD_DIM, bool SOFTCAP>
-Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx) {
+Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx, Sm90Load load = Sm90Load::kAuto) {
   using S = Sm90Shape<T, HEAD_DIM>;
   if (p.work_capacity == 0) return Status::Ok();
   DeviceGuard guard(ctx.device);
@@ -567,7 +735,8 @@ Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx) {
   if (!prefill_sm90_supported<T, HEAD_DIM, SOFTCAP>(p, device, &why)) {
     return Status::Error(1, "prefill (sm90a kernel): " + why);
   }
-  const Sm90KvBoxes boxes = prefill_sm90_boxes<T, HEAD_DIM>(p);
+  const Sm90KvBoxes boxes = prefill_sm90_boxes<T, HEAD_DIM>(p, load);
+  if (boxes.rows == 0) return Status::Error(1, "prefill (sm90a kernel): the forced KV producer cannot load this cache");
   const auto encode = tma::encoder();
   const CUtensorMapDataType dt = sm90_host::tma_dtype<T>();
   const cuuint64_t e = sizeof(T);
@@ -587,7 +756,7 @@ Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx) {
   const cuuint32_t box[4] = {64, boxes.page_axis ? 1u : cuuint32_t(boxes.rows), 1,
                              boxes.page_axis ? cuuint32_t(boxes.rows) : 1u};
   const cuuint32_t estr[4] = {1, 1, 1, 1};
-  for (int which = 0; which < 2; ++which) {
+  for (int which = 0; which < 2 && !boxes.gather; ++which) {  // the gather reads k and v by pointer
     const cuuint64_t dims[4] = {cuuint64_t(HEAD_DIM), cuuint64_t(kv.page_size), cuuint64_t(p.num_kv_heads),
                                 cuuint64_t(p.kv_num_pages)};
     const cuuint64_t strides[3] = {cuuint64_t(which ? kv.v_slot_stride : kv.k_slot_stride) * e,

@@ -108,6 +108,18 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
+// ---- cp.async producers (ops/attention/prefill_sm90.cuh's gather path) -----------------------
+
+// An arrival on `bar` that the hardware makes once every cp.async this thread issued before it
+// has landed in shared memory. .noinc: the arrival counts against the barrier's expected count
+// (initialise it with the number of arriving threads), not on top of it (PTX ISA,
+// "cp.async.mbarrier.arrive").
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t* bar) {
+#if defined(KILN_SM90A)
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+#endif
+}
+
 // ---- TMA: multicast loads and stores (used by ops/gemm) ---------------------------------------
 
 // tma_load_3d into the same shared-memory offset of every CTA of the cluster named in `mask` (bit
@@ -211,6 +223,17 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 // An arrival on a named barrier without waiting for it (the producer side of a bar.sync).
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// bar.red.or over a named barrier: waits for `threads` threads and returns whether `pred` held
+// in any of them.
+__device__ __forceinline__ bool named_barrier_or(int id, int threads, bool pred) {
+  uint32_t any = 0;
+  asm volatile("{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, %2, %3, p;\nselp.u32 %0, 1, 0, q;\n}"
+               : "=r"(any)
+               : "r"(uint32_t(pred)), "r"(id), "r"(threads)
+               : "memory");
+  return any != 0;
 }
 
 // ---- wgmma -------------------------------------------------------------------------------------

@@ -249,8 +249,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
         """float_workspace_buffer fixes the device; use_cuda_graph, the *_buf arguments and jit_args
         are accepted for FlashInfer compatibility (kiln's prefill needs no workspace); backend is
         "auto" (the faster kernel where measured: fa3 on compute capability 9.0, else fa2), "fa2"
-        or "fa3" (9.0 only; page sizes that neither divide nor are multiples of its KV tile still
-        run fa2). A custom mask is not supported."""
+        or "fa3" (9.0 only; every page size: those its TMA boxes cannot tile are gathered with
+        cp.async, docs/attention.md). A custom mask is not supported."""
         self._kv_layout = _attention.check_layout(kv_layout, self.API)
         self._setup(float_workspace_buffer, custom_mask_buf, backend)
 

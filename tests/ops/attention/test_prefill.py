@@ -51,10 +51,10 @@ def need_backend(device, backend):
 
 
 @contextlib.contextmanager
-def fa3_strict(backend, served=True):
-    """Where the sm90a kernel should serve the call, build the plan with KILN_PREFILL_FA3_STRICT=1:
-    a silent fallback to fa2 then fails the test instead of passing on the other kernel."""
-    if backend != "fa3" or not served:
+def fa3_strict(backend):
+    """For backend fa3, build the plan with KILN_PREFILL_FA3_STRICT=1: a silent fallback to fa2
+    then fails the test instead of passing on the other kernel."""
+    if backend != "fa3":
         yield
         return
     old = os.environ.get("KILN_PREFILL_FA3_STRICT")
@@ -152,8 +152,10 @@ def test_head_dims_window_soft_cap(device, head_dim, window_left, soft_cap, sm_s
 @pytest.mark.parametrize("page,d", [(16, 64), (16, 128), (32, 256), (128, 64), (1, 128), (7, 64)])
 def test_paged_equals_ragged_equals_single_on_mixed_batches(device, layout, backend, page, d):
     """Mixed lengths with an empty request, a one-query request, qo_len < kv_len; shuffled pages.
-    fa3 tiles pages of 16 and 32 (several per KV tile) and 128 (a tile inside a page); pages of 1
-    and 7 fall back to fa2 for the paged cache (ragged and single stay on fa3)."""
+    fa3 loads pages of 32 at head_dim 256 (two per KV tile) and 128 (a tile inside a page) by TMA
+    boxes; its gather producer serves pages of 1, 7 and 16 at head_dim 64 and 128
+    (test_prefill_small_pages.py), bit for bit the tiles TMA loads for the ragged and single
+    calls."""
     need_backend(device, backend)
     if device == "cpu" and (page, d) != (16, 64):
         pytest.skip("the host backend has one kernel; one page size covers it")
@@ -164,8 +166,7 @@ def test_paged_equals_ragged_equals_single_on_mixed_batches(device, layout, back
     qo_indptr = torch.tensor([0] + list(torch.tensor(qo_lens).cumsum(0)), dtype=torch.int32)
     q = rand((sum(qo_lens), hq, d), torch.bfloat16, device, gen)
     ws = torch.empty(1 << 20, dtype=torch.uint8, device=device)
-    same_kernel = backend == "fa2" or page not in (1, 7)  # else the paged call falls back to fa2
-    with fa3_strict(backend, served=same_kernel):
+    with fa3_strict(backend):
         paged = kiln.BatchPrefillWithPagedKVCacheWrapper(ws, layout, backend=backend)
     paged.plan(
         qo_indptr,
@@ -187,10 +188,7 @@ def test_paged_equals_ragged_equals_single_on_mixed_batches(device, layout, back
         ragged = kiln.BatchPrefillWithRaggedKVCacheWrapper(ws, backend=backend)
     ragged.plan(qo_indptr, kv_indptr, hq, hk, d, causal=True, q_data_type=torch.bfloat16)
     out_r = ragged.run(q, torch.cat(ks).contiguous(), torch.cat(vs).contiguous())
-    if same_kernel:
-        assert torch.equal(out_p, out_r)  # the same kernel over the same keys
-    else:
-        torch.testing.assert_close(out_p.float(), out_r.float(), rtol=2.5e-2, atol=2.5e-2)
+    assert torch.equal(out_p, out_r)  # the same kernel over the same keys
     for b in range(5):
         lo, hi = int(qo_indptr[b]), int(qo_indptr[b + 1])
         if hi == lo:
@@ -199,8 +197,7 @@ def test_paged_equals_ragged_equals_single_on_mixed_batches(device, layout, back
         check(out_p[lo:hi], lse_p[lo:hi], ref_out, ref_lse, torch.bfloat16)
         with fa3_strict(backend):
             single = kiln.single_prefill_with_kv_cache(q[lo:hi], ks[b], vs[b], causal=True, backend=backend)
-        if same_kernel:
-            assert torch.equal(single, out_p[lo:hi])
+        assert torch.equal(single, out_p[lo:hi])
 
 
 @pytest.mark.gpu
@@ -231,8 +228,18 @@ def test_paged_stale_nan_slots_do_not_leak(backend, layout, head_dim):
         w = kiln.BatchPrefillWithPagedKVCacheWrapper(
             torch.empty(1 << 20, dtype=torch.uint8, device="cuda"), layout, backend=backend
         )
-    w.plan(qo_indptr, batch.indptr, batch.indices, batch.last_page_len, 4, 2, head_dim, page,
-           causal=True, q_data_type=torch.bfloat16)
+    w.plan(
+        qo_indptr,
+        batch.indptr,
+        batch.indices,
+        batch.last_page_len,
+        4,
+        2,
+        head_dim,
+        page,
+        causal=True,
+        q_data_type=torch.bfloat16,
+    )
     out, lse = w.run(q, (batch.k_cache, batch.v_cache), return_lse=True)
     for b in range(len(kv_lens)):
         lo, hi = int(qo_indptr[b]), int(qo_indptr[b + 1])
@@ -310,7 +317,7 @@ def test_property_cuda(backend, lens, page, causal, head_dim, seed):
     batch = make_paged(kv_lens, page, 2, head_dim, torch.bfloat16, "cuda", gen=gen)
     qo_indptr = torch.tensor([0] + list(torch.tensor(qo_lens).cumsum(0)), dtype=torch.int32)
     q = rand((sum(qo_lens), 8, head_dim), torch.bfloat16, "cuda", gen)
-    with fa3_strict(backend, served=page in (16, 64)):  # pages of 1 and 7 fall back to fa2
+    with fa3_strict(backend):  # page 64 (and 16 at head_dim 256) by TMA, the rest by the gather
         w = kiln.BatchPrefillWithPagedKVCacheWrapper(
             torch.empty(1 << 20, dtype=torch.uint8, device="cuda"), backend=backend
         )
@@ -400,8 +407,13 @@ def test_auto_backend_picks_fa3_on_sm90_only(monkeypatch, kiln_env):
     cuda = torch.device("cuda", 0)
     cpu = torch.device("cpu")
     kiln_env.unset("KILN_PREFILL_FA3_STRICT")
-    for cc, expected in (((9, 0), "fa3"), ((8, 0), "fa2"), ((8, 9), "fa2"), ((10, 0), "fa2"),
-                         ((12, 0), "fa2")):
+    for cc, expected in (
+        ((9, 0), "fa3"),
+        ((8, 0), "fa2"),
+        ((8, 9), "fa2"),
+        ((10, 0), "fa2"),
+        ((12, 0), "fa2"),
+    ):
         monkeypatch.setattr(_attention.utils, "compute_capability", lambda device, cc=cc: cc)
         _attention._is_sm90.cache_clear()
         assert _attention.prefill_kernel("auto", cuda, "api") == expected, cc

@@ -40,6 +40,16 @@ elif which in ("prefill_fa2", "prefill_fa3"):
     w.plan(torch.tensor([0, 20], dtype=torch.int32), indptr, bad, last, hq, hk, d, page, causal=True,
            q_data_type=torch.bfloat16)
     out = w.run(torch.randn(20, hq, d, device=dev, dtype=torch.bfloat16), (k, v))
+elif which == "prefill_fa3_page1":  # the sm90a kernel's gather producer (pages under 16 tokens)
+    k1, v1 = k.view(pages * page, 1, hk, d), v.view(pages * page, 1, hk, d)
+    ids = torch.arange(20, dtype=torch.int32, device=dev)
+    ids[1] = 1 << 20
+    w = kiln.BatchPrefillWithPagedKVCacheWrapper(ws, backend="fa3")
+    one_request = torch.tensor([0, 20], dtype=torch.int32)
+    last1 = torch.ones(1, dtype=torch.int32, device=dev)
+    w.plan(one_request, one_request.to(dev), ids, last1, hq, hk, d, 1, causal=True,
+           q_data_type=torch.bfloat16)
+    out = w.run(torch.randn(20, hq, d, device=dev, dtype=torch.bfloat16), (k1, v1))
 elif which == "append":
     key = torch.randn(1, hk, d, device=dev, dtype=torch.bfloat16)
     kiln.append_paged_kv_cache(key, key.clone(), torch.zeros(1, dtype=torch.int32, device=dev),
@@ -61,12 +71,13 @@ sys.exit(3)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "which", ["decode", "prefill_fa2", "prefill_fa3", "append", "decode_fp8", "append_fp8"]
+    "which",
+    ["decode", "prefill_fa2", "prefill_fa3", "prefill_fa3_page1", "append", "decode_fp8", "append_fp8"],
 )
 def test_a_bad_page_id_makes_no_out_of_bounds_access_and_a_clear_error(which, tmp_path):
     import torch
 
-    if which == "prefill_fa3" and torch.cuda.get_device_capability() != (9, 0):
+    if which.startswith("prefill_fa3") and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the fa3 kernel runs on compute capability 9.0 only")
     sanitizer = shutil.which("compute-sanitizer")
     if sanitizer is None:
@@ -80,4 +91,4 @@ def test_a_bad_page_id_makes_no_out_of_bounds_access_and_a_clear_error(which, tm
     assert summary and summary[1] == "0", out[-4000:]
     assert proc.returncode == 0, out[-4000:]
     assert "PYTHON ERROR:" in out and "kv_indices[1] = 1048576 is not a page of the cache" in out, out[-4000:]
-    assert "[0, 8)" in out
+    assert ("[0, 128)" if which == "prefill_fa3_page1" else "[0, 8)") in out
