@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The fp8 KV cache's GPU round on the device machine (an H200, 16 cores), in one call of at most
-# ~240 s: install kiln (and the peers carried in .peers/ unless PEERS=0), prebuild the decode and
-# append modules (bf16 and f16 queries, 16-bit and e4m3 caches, every head_dim) for this GPU, the
+# ~240 s: install kiln (and the peers carried in .peers/ unless PEERS=0), prebuild the decode
+# and append modules (bf16 and f16 queries, 16-bit and e4m3 caches, every head_dim) for this GPU, the
 # attention GPU tests that cover decode and append (fp8 included, compute-sanitizer's cases too),
 # then benchmarks/decode_fp8.py: kiln's bf16 and fp8 caches side by side, eager and CUDA graphs,
 # and FlashInfer's with what time is left. Logs and results go to $OUT and into ONE
@@ -9,7 +9,8 @@
 #
 #   steps.log         each step's start (s since the start), the GPU, and the summaries below
 #   pytest_gpu.log    pytest -m gpu of the decode/append tests (4 xdist workers)
-#   decode_fp8.jsonl  every benchmark record, each after a reference check
+#   decode_fp8.jsonl  every decode benchmark record, each after a reference check
+#   prefill_fp8.jsonl benchmarks/prefill_fp8.py: paged prefill over the fp8 cache's staged copy
 #   bench.log         the benchmark's progress and errors
 #
 #   bash scripts/fp8_kv_round.sh [pytest args]
@@ -43,7 +44,7 @@ step "install"
 . scripts/device_setup.sh
 install_kiln_and_peers /tmp/fp8_setup.log "$([ -n "${SKIP_PEERS:-}" ] && echo 0 || echo "${PEERS:-1}")"
 
-step "prebuild //ops/attention:decode and :page (cuda)"
+step "prebuild //ops/attention:decode and :page (cuda; the prefill modules the tests use build on first use)"
 for t in //ops/attention:decode //ops/attention:page; do
   timeout "$(left)" python3 -m codegen build "$t" --toolchain cuda -j 8 >/tmp/fp8_prebuild.log 2>&1 \
     || { status=1; tail -n 40 /tmp/fp8_prebuild.log; }
@@ -74,6 +75,16 @@ for r in map(json.loads, open(sys.argv[1])):
   timeout "$(left)" python3 benchmarks/decode_fp8.py --workloads $WORKLOADS --out "$OUT/decode_fp8.jsonl" \
     </dev/null >>"$OUT/bench.log" 2>&1 || { status=1; tail -n 20 "$OUT/bench.log"; }
   summary "$OUT/decode_fp8.jsonl"
+  if [ "$(left)" -gt 20 ]; then
+    step "benchmarks/prefill_fp8.py"
+    timeout "$(left)" python3 benchmarks/prefill_fp8.py --out "$OUT/prefill_fp8.jsonl" </dev/null >>"$OUT/bench.log" 2>&1 \
+      || { status=1; tail -n 20 "$OUT/bench.log"; }
+    python3 -c "
+import json, sys
+for r in map(json.loads, open(sys.argv[1])):
+    print(r['workload'], r['kv_cache'], round(r['median_us'], 1), 'us', round(r['tflops']), 'TFLOP/s')
+" "$OUT/prefill_fp8.jsonl" 2>/dev/null | tee -a "$OUT/steps.log"
+  fi
   if [ -z "${SKIP_PEERS:-}" ] && [ "${have_peers:-0}" = 1 ] && [ "$(left)" -gt 20 ]; then
     step "benchmarks/decode_fp8.py --peers (FlashInfer's JIT builds on first use: may be cut off)"
     timeout "$(left)" python3 benchmarks/decode_fp8.py --peers --workloads 64x4096 1x4096 \

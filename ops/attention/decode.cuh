@@ -5,7 +5,7 @@
 // (the GQA group, or a divisor of it): the query heads are the 16 rows of the MMA A operand
 // (padded with zeros), so each K/V byte is read once for the whole group and the arithmetic runs
 // on tensor cores, as in FlashAttention-2 with the query heads in place of query tokens.
-// Four warps; warp w takes the work item's 16-token tiles w, w + 4, ... and streams them through
+// Four warps; warp w takes the work item's tiles w, w + 4, ... (16 tokens; 32 for fp8) and streams them through
 // its own cp.async pipeline in shared memory (kStages deep, rows XOR-swizzled in 16-byte chunks so
 // ldmatrix is conflict free). Per tile: S = Q K^T (ldmatrix.x4 on K), scale / soft-cap / mask,
 // online softmax on the C fragments (one max per row per tile, quad shuffles), P packed to 16-bit
@@ -39,21 +39,21 @@ namespace kiln::attention {
 
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = 32 * kDecodeWarps;
-constexpr int kDecodeTile = 16;  // tokens per warp per pipeline stage (one MMA k-step of P V)
 
 // KV: the cache's element type (16-bit, or 8-bit E4M3).
 template <typename KV, int HEAD_DIM>
 struct DecodeShape {
   static constexpr int CHUNKS = HEAD_DIM * int(sizeof(KV)) / 16;  // 16-byte chunks per token row
   static constexpr int VEC = 16 / int(sizeof(KV));
-  // As many bytes staged as a 16-bit cache's pipeline holds: an fp8 cache gets twice the stages,
-  // so each warp keeps as many bytes in flight and two CTAs still share an SM (the schedule's
-  // CTAS_PER_SM; a third would leave a wave's tail of CTAs alone on their SMs at batch 64).
-  static constexpr int STAGES = (HEAD_DIM >= 256 ? 2 : 3) * (2 / int(sizeof(KV)));
+  // Tokens per warp per pipeline stage, in MMA k-steps of 16 for P V: an fp8 cache takes 32, so a
+  // stage holds the bytes of a 16-bit one and each step of a warp's serial chain (wait, QK, softmax,
+  // PV) moves twice the tokens; the chain, not bandwidth, bounded 16-token fp8 tiles (0.76x bf16).
+  static constexpr int TILE = sizeof(KV) == 1 ? 32 : 16;
+  static constexpr int STAGES = HEAD_DIM >= 256 ? 2 : 3;
   static constexpr int KSTEPS = HEAD_DIM / 16;  // MMA k-steps of Q K^T
   static constexpr int NTILES = HEAD_DIM / 8;   // MMA n-tiles of P V
   // Per warp: [stage][K, V][token][chunk] 16-byte units.
-  static constexpr int kWarpUnits = STAGES * 2 * kDecodeTile * CHUNKS;
+  static constexpr int kWarpUnits = STAGES * 2 * TILE * CHUNKS;
   static constexpr size_t kStagingBytes = size_t(kDecodeWarps) * kWarpUnits * 16;
   // Merge of the warps: m and l per [warp][row], o per [warp][row][dim], float32.
   static constexpr size_t kCombineBytes = size_t(kDecodeWarps) * kMaxHeadsPerCta * (HEAD_DIM + 2) * 4;
@@ -77,6 +77,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   using MT = std::conditional_t<FP8, __half, T>;  // the MMAs' operand type
   using S = DecodeShape<KV, HEAD_DIM>;
   constexpr int CHUNKS = S::CHUNKS, VEC = S::VEC, STAGES = S::STAGES, KSTEPS = S::KSTEPS, NTILES = S::NTILES;
+  constexpr int TILE = S::TILE, TN = TILE / 8, TK = TILE / 16;  // S n-tiles, P V k-steps per tile
   extern __shared__ uint4 smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -131,26 +132,26 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const KV* k_head = static_cast<const KV*>(kv.k) + kv_head * kv.k_head_stride;
   const KV* v_head = static_cast<const KV*>(kv.v) + kv_head * kv.v_head_stride;
   const uint32_t page_size = static_cast<uint32_t>(kv.page_size);
-  const int num_tiles = (tok_end - tok_begin + kDecodeTile - 1) / kDecodeTile;
+  const int num_tiles = (tok_end - tok_begin + TILE - 1) / TILE;
   const int my_tiles = num_tiles > warp ? (num_tiles - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
 
   // Copies are coalesced: one cp.async instruction covers 32 / CHUNKS whole token rows (two
-  // 256-byte rows at head_dim 128). Lanes 0..15 look up the page and slot of the tile's tokens once
-  // and the copying lanes fetch them by shuffle.
+  // 256-byte rows at head_dim 128). Lanes 0..TILE-1 look up the page and slot of the tile's tokens
+  // once and the copying lanes fetch them by shuffle.
   constexpr int kRowsPerCopy = 32 / CHUNKS;
   const int copy_chunk = lane % CHUNKS;
   auto issue = [&](int stage, int tile) {
-    const int tile_tok0 = tok_begin + (warp + tile * kDecodeWarps) * kDecodeTile;
-    const int my_tok = tile_tok0 + (lane % kDecodeTile);
+    const int tile_tok0 = tok_begin + (warp + tile * kDecodeWarps) * TILE;
+    const int my_tok = tile_tok0 + (lane % TILE);
     const uint32_t utok = my_tok < tok_end ? static_cast<uint32_t>(my_tok) : 0u;
     // -1: past the request, or no page (recorded after the copies are issued; its rows are not read)
     const int my_page = my_tok < tok_end ? static_cast<int>(load_page(kv, first_page, utok / page_size)) : -1;
     const bool missing = my_tok < tok_end && my_page < 0;
     const int my_slot = static_cast<int>(utok % page_size);
-    uint4* kdst = wbuf + (stage * 2 + 0) * kDecodeTile * CHUNKS;
-    uint4* vdst = wbuf + (stage * 2 + 1) * kDecodeTile * CHUNKS;
+    uint4* kdst = wbuf + (stage * 2 + 0) * TILE * CHUNKS;
+    uint4* vdst = wbuf + (stage * 2 + 1) * TILE * CHUNKS;
 #pragma unroll
-    for (int c = 0; c < kDecodeTile / kRowsPerCopy; ++c) {
+    for (int c = 0; c < TILE / kRowsPerCopy; ++c) {
       const int row = c * kRowsPerCopy + lane / CHUNKS;
       const int row_page = __shfl_sync(0xffffffffu, my_page, row);
       const int64_t slot = __shfl_sync(0xffffffffu, my_slot, row);
@@ -186,38 +187,41 @@ __global__ void __launch_bounds__(kDecodeThreads)
     cp_async_wait<STAGES - 1>();
     __syncwarp();  // every lane's copies of this tile have landed
     const int stage = tile % STAGES;
-    const uint4* kt = wbuf + (stage * 2 + 0) * kDecodeTile * CHUNKS;
-    const uint4* vt = wbuf + (stage * 2 + 1) * kDecodeTile * CHUNKS;
+    const uint4* kt = wbuf + (stage * 2 + 0) * TILE * CHUNKS;
+    const uint4* vt = wbuf + (stage * 2 + 1) * TILE * CHUNKS;
 
-    // S = Q K^T over the tile's 16 tokens: two n-tiles of 8 tokens.
-    float s[2][4] = {};
-    if constexpr (FP8) {
+    // S = Q K^T over the tile's tokens: TN n-tiles of 8 tokens, 16 tokens (h) at a time.
+    float s[TN][4] = {};
 #pragma unroll
-      for (int kk = 0; kk < KSTEPS; kk += 2) {
-        uint32_t r[4];  // ldmatrix: matrix j = tokens (j / 2) * 8.., chunk kk + j % 2 (16 dims)
-        const int tok = (ld_mat / 2) * 8 + ld_row, chunk = kk + ld_mat % 2;
-        ldmatrix_x4(r, kt + tok * CHUNKS + S::swizzle(tok, chunk));
+    for (int h = 0; h < TK; ++h) {
+      if constexpr (FP8) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          uint32_t b0, b1;
-          fp8::k_operands(r[j], b0, b1);
-          mma_16x8x16<MT>(s[j / 2], qa[kk + j % 2], b0, b1);
+        for (int kk = 0; kk < KSTEPS; kk += 2) {
+          uint32_t r[4];  // ldmatrix: matrix j = tokens 16 h + (j / 2) * 8.., chunk kk + j % 2 (16 dims)
+          const int tok = h * 16 + (ld_mat / 2) * 8 + ld_row, chunk = kk + ld_mat % 2;
+          ldmatrix_x4(r, kt + tok * CHUNKS + S::swizzle(tok, chunk));
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            uint32_t b0, b1;
+            fp8::k_operands(r[j], b0, b1);
+            mma_16x8x16<MT>(s[2 * h + j / 2], qa[kk + j % 2], b0, b1);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk) {
+          uint32_t b[4];  // ldmatrix: matrix j = tokens 16 h + (j / 2) * 8.., chunk 2 kk + j % 2
+          const int tok = h * 16 + (ld_mat / 2) * 8 + ld_row, chunk = 2 * kk + ld_mat % 2;
+          ldmatrix_x4(b, kt + tok * CHUNKS + S::swizzle(tok, chunk));
+          mma_16x8x16<MT>(s[2 * h], qa[kk], b[0], b[1]);
+          mma_16x8x16<MT>(s[2 * h + 1], qa[kk], b[2], b[3]);
         }
       }
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < KSTEPS; ++kk) {
-        uint32_t b[4];  // ldmatrix: matrix j = tokens (j / 2) * 8.., chunk 2 kk + j % 2
-        const int tok = (ld_mat / 2) * 8 + ld_row, chunk = 2 * kk + ld_mat % 2;
-        ldmatrix_x4(b, kt + tok * CHUNKS + S::swizzle(tok, chunk));
-        mma_16x8x16<MT>(s[0], qa[kk], b[0], b[1]);
-        mma_16x8x16<MT>(s[1], qa[kk], b[2], b[3]);
-      }
     }
-    const int tile_tok0 = tok_begin + (warp + tile * kDecodeWarps) * kDecodeTile;
+    const int tile_tok0 = tok_begin + (warp + tile * kDecodeWarps) * TILE;
     float row_max[2] = {neg_inf(), neg_inf()};
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+    for (int n = 0; n < TN; ++n) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         float x = s[n][i] * scale;
@@ -240,45 +244,49 @@ __global__ void __launch_bounds__(kDecodeThreads)
       o[n][2] *= rescale[1];
       o[n][3] *= rescale[1];
     }
-    // P = exp2(S - m), as the A operand of P V (the C layout of two n-tiles is A's layout).
-    uint32_t pa[4];
+    // P = exp2(S - m), as the A operands of P V, one per k-step of 16 tokens (the C layout of two
+    // n-tiles is A's layout).
+    uint32_t pa[TK][4];
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+    for (int n = 0; n < TN; ++n) {
       float e[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         e[i] = scale_from(s[n][i], m[i >> 1]);
         l[i >> 1] += e[i];
       }
-      pa[2 * n + 0] = pack2<MT>(e[0], e[1]);
-      pa[2 * n + 1] = pack2<MT>(e[2], e[3]);
+      pa[n / 2][2 * (n % 2) + 0] = pack2<MT>(e[0], e[1]);
+      pa[n / 2][2 * (n % 2) + 1] = pack2<MT>(e[2], e[3]);
     }
-    // O += P V: ldmatrix.trans matrix j = tokens (j % 2) * 8.., chunk (16-bit: 2 np + j / 2;
-    // fp8: 2 np + j / 2 of 16 dims, two n-tiles each).
-    if constexpr (FP8) {
+    // O += P V per k-step h: ldmatrix.trans matrix j = tokens 16 h + (j % 2) * 8.., chunk (16-bit:
+    // 2 np + j / 2; fp8: 2 np + j / 2 of 16 dims, two n-tiles each).
 #pragma unroll
-      for (int np = 0; np < NTILES / 4; ++np) {
-        uint32_t r[4];
-        const int tok = (ld_mat % 2) * 8 + ld_row, chunk = 2 * np + ld_mat / 2;
-        ldmatrix_x4_trans(r, vt + tok * CHUNKS + S::swizzle(tok, chunk));
+    for (int h = 0; h < TK; ++h) {
+      if constexpr (FP8) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          uint32_t even0, odd0, even1, odd1;
-          fp8::v_operands(r[2 * h], even0, odd0);      // tokens 0..7
-          fp8::v_operands(r[2 * h + 1], even1, odd1);  // tokens 8..15
-          const int c = 2 * np + h;
-          mma_16x8x16<MT>(o[2 * c], pa, even0, even1);
-          mma_16x8x16<MT>(o[2 * c + 1], pa, odd0, odd1);
+        for (int np = 0; np < NTILES / 4; ++np) {
+          uint32_t r[4];
+          const int tok = h * 16 + (ld_mat % 2) * 8 + ld_row, chunk = 2 * np + ld_mat / 2;
+          ldmatrix_x4_trans(r, vt + tok * CHUNKS + S::swizzle(tok, chunk));
+#pragma unroll
+          for (int c2 = 0; c2 < 2; ++c2) {
+            uint32_t even0, odd0, even1, odd1;
+            fp8::v_operands(r[2 * c2], even0, odd0);      // tokens 16 h + 0..7
+            fp8::v_operands(r[2 * c2 + 1], even1, odd1);  // tokens 16 h + 8..15
+            const int c = 2 * np + c2;
+            mma_16x8x16<MT>(o[2 * c], pa[h], even0, even1);
+            mma_16x8x16<MT>(o[2 * c + 1], pa[h], odd0, odd1);
+          }
         }
-      }
-    } else {
+      } else {
 #pragma unroll
-      for (int np = 0; np < NTILES / 2; ++np) {
-        uint32_t b[4];
-        const int tok = (ld_mat % 2) * 8 + ld_row, chunk = 2 * np + ld_mat / 2;
-        ldmatrix_x4_trans(b, vt + tok * CHUNKS + S::swizzle(tok, chunk));
-        mma_16x8x16<MT>(o[2 * np], pa, b[0], b[1]);
-        mma_16x8x16<MT>(o[2 * np + 1], pa, b[2], b[3]);
+        for (int np = 0; np < NTILES / 2; ++np) {
+          uint32_t b[4];
+          const int tok = h * 16 + (ld_mat % 2) * 8 + ld_row, chunk = 2 * np + ld_mat / 2;
+          ldmatrix_x4_trans(b, vt + tok * CHUNKS + S::swizzle(tok, chunk));
+          mma_16x8x16<MT>(o[2 * np], pa[h], b[0], b[1]);
+          mma_16x8x16<MT>(o[2 * np + 1], pa[h], b[2], b[3]);
+        }
       }
     }
     __syncwarp();  // all lanes are done reading this stage before it is refilled
