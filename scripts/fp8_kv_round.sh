@@ -46,7 +46,7 @@ install_kiln_and_peers /tmp/fp8_setup.log "$([ -n "${SKIP_PEERS:-}" ] && echo 0 
 
 step "prebuild //ops/attention:decode and :page (cuda; the prefill modules the tests use build on first use)"
 for t in //ops/attention:decode //ops/attention:page; do
-  timeout "$(left)" python3 -m codegen build "$t" --toolchain cuda -j 8 >/tmp/fp8_prebuild.log 2>&1 \
+  timeout "$(left)" python3 -m codegen build "$t" --toolchain cuda -j 16 >/tmp/fp8_prebuild.log 2>&1 \
     || { status=1; tail -n 40 /tmp/fp8_prebuild.log; }
   grep -E "summary" /tmp/fp8_prebuild.log | sed "s|^|$t: |" | tee -a "$OUT/steps.log"
 done
