@@ -27,6 +27,11 @@ Failure. Every wait is bounded: a rank that dies mid-collective (or never calls 
 raise a TimeoutError naming it after `timeout` seconds (default KILN_COMM_TIMEOUT). A communicator
 that timed out is broken: later calls raise until it is closed and made again.
 
+Compiled graphs. all_reduce and fused_allreduce_add_rmsnorm are the torch custom ops
+kiln::comm_all_reduce and kiln::comm_fused_allreduce_add_rmsnorm while torch.compile traces, so
+torch.compile(fullgraph=True) takes a layer that calls them; a custom op takes no Python object,
+so the op carries the communicator's handle (an int) and looks it up when it runs.
+
 Memory ordering: the host backend's flags and data are plain stores and loads through torch; a
 rank writes its data before its flag and reads peers' flags before their data, which x86-64's
 total store order keeps in order. Other hosts are untested.
@@ -35,15 +40,18 @@ total store order keeps in order. Other hosts are untested.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 import uuid
+import weakref
 from multiprocessing import resource_tracker, shared_memory
 
 import torch
 import torch.distributed as dist
 
 from . import _jit
+from ._ops import custom_op
 from .api_logging import logged_api
 from .runtime import env
 from .trace import comm as comm_traces
@@ -89,6 +97,19 @@ def _check_dtype(api: str, name: str, t: torch.Tensor) -> None:
         )
 
 
+# Open communicators by handle, for the custom ops (weak: a communicator nobody holds may go).
+_by_handle: dict[int, weakref.ref] = {}
+_handles = itertools.count(1)
+
+
+def _communicator(handle: int, api: str) -> CustomAllReduce:
+    comm = _by_handle.get(handle)
+    comm = comm() if comm is not None else None
+    if comm is None:
+        raise RuntimeError(f"{api}: communicator {handle} is closed or gone (a compiled graph outlived it)")
+    return comm
+
+
 class CustomAllReduce:
     """kiln's all-reduce (sum) over the ranks of one process group on one machine.
 
@@ -128,6 +149,8 @@ class CustomAllReduce:
         self._headers: list[torch.Tensor] = []
         self._unavailable: str | None = None
         self._cuda: dict | None = None  # the CUDA path's buffers, once opened
+        self.handle = next(_handles)  # what the custom ops carry (compiled graphs)
+        _by_handle[self.handle] = weakref.ref(self)
         if self.device.type == "cpu":
             self._open_host_buffers()
         elif self.device.type == "cuda":
@@ -402,6 +425,14 @@ class CustomAllReduce:
                     f"{api}: out must be contiguous (strides {list(out.stride())} of shape "
                     f"{list(out.shape)}); pass out=None or a contiguous tensor"
                 )
+        if torch.compiler.is_compiling():  # an op's mutated argument may not alias an input
+            _all_reduce_op.op(self.handle, x.clone() if out is x else x, out)
+            return out
+        self._all_reduce_into(x, out)
+        return out
+
+    def _all_reduce_into(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        """all_reduce after its checks: the eager call, and kiln::comm_all_reduce's body."""
         nbytes = x.numel() * x.element_size()
         if self._unavailable is not None:
             self._fallback("unavailable", self._unavailable, x, out)
@@ -419,7 +450,6 @@ class CustomAllReduce:
             self._cuda_all_reduce(x, out)
         else:
             self._host_all_reduce(x, out)
-        return out
 
     @contextlib.contextmanager
     def capture(self):
@@ -437,6 +467,7 @@ class CustomAllReduce:
         if self._closed:
             return
         self._closed = True
+        _by_handle.pop(self.handle, None)
         if self._cuda is not None:
             self._close_cuda()
         if self._headers:
@@ -490,6 +521,15 @@ def fused_allreduce_add_rmsnorm(
             f"{api}: x must be contiguous (it is written in place), got strides {list(x.stride())}"
         )
     comm._check_open(api)  # noqa: SLF001
+    if torch.compiler.is_compiling():
+        _fused_op.op(comm.handle, x, residual, weight, float(eps))
+        return
+    _fused_into(comm, x, residual, weight, eps)
+
+
+def _fused_into(comm: CustomAllReduce, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                eps: float) -> None:
+    """fused_allreduce_add_rmsnorm after its checks (the eager call and the custom op's body)."""
     if (
         comm._cuda is not None
         and x.device == comm.device
@@ -501,3 +541,13 @@ def fused_allreduce_add_rmsnorm(
 
     comm.all_reduce(x, out=x)
     fused_add_rmsnorm(x, residual, weight, eps)
+
+
+@custom_op("comm_all_reduce", mutates=("out",))
+def _all_reduce_op(handle: int, x: torch.Tensor, out: torch.Tensor) -> None:
+    _communicator(handle, "kiln::comm_all_reduce")._all_reduce_into(x, out)  # noqa: SLF001
+
+
+@custom_op("comm_fused_allreduce_add_rmsnorm", mutates=("x", "residual"))
+def _fused_op(handle: int, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    _fused_into(_communicator(handle, "kiln::comm_fused_allreduce_add_rmsnorm"), x, residual, weight, eps)

@@ -144,6 +144,26 @@ def suite(rank: int, world: int, init_file: str) -> None:
             torch.testing.assert_close(x, x_ref, rtol=1e-5, atol=1e-5)
         _same_on_every_rank(x, world)
 
+    # torch.compile(fullgraph=True) traces through the custom ops kiln::comm_all_reduce and
+    # kiln::comm_fused_allreduce_add_rmsnorm (aot_eager: functionalised, no code generated); the
+    # compiled layer gives the eager layer's bits. Once, at 2 ranks: compiling costs seconds.
+    if world == 2:
+
+        def layer(x, residual, weight):
+            y = comm.all_reduce(x * 2)
+            y = comm.all_reduce(y, out=y)  # in place
+            fused_allreduce_add_rmsnorm(y, residual, weight, 1e-6, comm)
+            return y + 1
+
+        x = _ints(4 * 16, torch.float32, seed=rank + 5).view(4, 16)
+        residual = torch.randn(4, 16, generator=torch.Generator().manual_seed(3))
+        weight = torch.randn(16, generator=torch.Generator().manual_seed(4))
+        compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+        res_c, res_e = residual.clone(), residual.clone()
+        got, want = compiled(x, res_c, weight), layer(x, res_e, weight)
+        assert torch.equal(got, want) and torch.equal(res_c, res_e), "compiled layer differs from eager"
+        torch._dynamo.reset()
+
     # Bad inputs, each with a message naming the argument.
     with pytest.raises(TypeError, match=r"x.dtype must be one of float32, float16, bfloat16, got int32"):
         comm.all_reduce(torch.ones(4, dtype=torch.int32))
