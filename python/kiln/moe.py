@@ -577,20 +577,33 @@ def _layer(
     gemm13 = fp8_gemm and fp8_13 and h % BLOCK == 0 and split_ok and w13.stride(-1) == 1
     gemm2 = fp8_gemm and fp8_2 and i % BLOCK == 0 and w2.stride(-1) == 1
     up = torch.empty((n, two_i), dtype=x.dtype, device=x.device)
-    halves = ((slice(i, two_i), slice(0, i)), (slice(0, i), slice(i, two_i))) if up_first else None
-    if gemm13:
-        # FlashInfer's fc1 (up_first): up rows, then gate; the activation takes the gate first.
-        xq, xs = per_token_group_quant_fp8(permuted, BLOCK)
-        for rows, cols in halves or ((slice(0, two_i), slice(0, two_i)),):
-            if w13_scale.dim() == 3:  # the blocks of these rows (I % 128 == 0 when split)
-                sc = w13_scale[:, rows.start // BLOCK : -(-rows.stop // BLOCK)]
-            else:
-                sc = _block_scales(w13_scale, (e, rows.stop - rows.start, h))
-            _group_fp8(api, xq, w13[:, rows], xs, sc.to(torch.float32), offs, True, "K", up[:, cols])
+    # (weight rows, their block-scale rows, the output columns) of each GEMM: one for w13's gate
+    # and up rows together; FlashInfer's fc1 (up_first) holds up rows, then gate, and the
+    # activation takes the gate first: two GEMMs writing the halves of up. (No slicing for the
+    # one-GEMM form: it stays traceable on fake tensors of any device.)
+    if up_first:
+        parts = [
+            (w13[:, i:], slice(i // BLOCK, -(-two_i // BLOCK)), up[:, :i]),
+            (w13[:, :i], slice(0, -(-i // BLOCK)), up[:, i:]),
+        ]
     else:
-        w13 = _dequantized(w13, w13_scale if fp8_13 else None, x.dtype)
-        for rows, cols in halves or ((slice(0, two_i), slice(0, two_i)),):
-            grouped_mm(permuted, w13[:, rows].transpose(1, 2), offs, out=up[:, cols], backend=backend)
+        parts = [(w13, None, up)]
+    if gemm13:
+        xq, xs = per_token_group_quant_fp8(permuted, BLOCK)
+        for rows, blocks, dst in parts:
+            if w13_scale.dim() == 3:  # block scales: the blocks of these rows (I % 128 == 0 when split)
+                sc = w13_scale if blocks is None else w13_scale[:, blocks]
+            else:
+                sc = _block_scales(w13_scale, rows.shape)
+            _group_fp8(api, xq, rows, xs, sc.to(torch.float32), offs, True, "K", dst)
+    else:
+        deq = _dequantized(w13, w13_scale if fp8_13 else None, x.dtype)
+        if up_first:
+            parts = [(deq[:, i:], None, up[:, :i]), (deq[:, :i], None, up[:, i:])]
+        else:
+            parts = [(deq, None, up)]
+        for rows, _, dst in parts:
+            grouped_mm(permuted, rows.transpose(1, 2), offs, out=dst, backend=backend)
     act = ACTIVATIONS[activation](up)
     down = torch.empty((n, h), dtype=x.dtype, device=x.device)
     if gemm2:

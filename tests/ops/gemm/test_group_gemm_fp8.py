@@ -84,8 +84,8 @@ def test_matches_the_reference(device, mode, lens, n, k):
 def test_a_per_expert_scale_as_a_stride_zero_view(device):
     # The MoE layer's per-expert weight scales: s [E] expanded to the block grid without a copy.
     g = gen(3)
-    a, b, sa, _, indptr = operands([9, 0, 140], 264, 256, "K", device, g)
-    s = (0.5 + torch.rand(3, generator=g)).to(device)
+    a, b, sa, blocks, indptr = operands([9, 0, 140], 264, 256, "K", device, g)
+    s = blocks[:, 0, 0] * (0.5 + torch.rand(3, generator=g)).to(device)  # outputs ~N(0, 1) still
     sb = s[:, None, None].expand(3, 3, 2)
     out = kiln.group_gemm_fp8_nt_groupwise(a, b, sa, sb, indptr, scale_major_mode="K")
     want = ref.group_gemm_fp8_reference_float(a, b, sa, sb.contiguous(), indptr.cpu(), "K", torch.float64)

@@ -510,7 +510,12 @@ def test_fused_moe_fp8_grouped_gemm_quantises_the_activations(device, per_block,
     args = [v.to(device) for v in (x, q13, q2, w, ids)]
     out = kiln.fused_moe(*args, w13_scale=s13.to(device), w2_scale=s2.to(device))
     assert sum(mod.launch_counts().values()) == 2  # the up and the down projection
-    check_layer(out, fused_moe_fp8_activations_float(x, d13, d2, w, ids), torch.bfloat16)
+    want = fused_moe_fp8_activations_float(x, d13, d2, w, ids)
+    if device == "cpu":
+        check_layer(out, want, torch.bfloat16)
+    else:  # the fp8 wgmma adder (~14 bits a 128-deep block) moved 5 of 17920 outputs by up to
+        # 0.027 on the H200 (2026-12-01), and an up output that moves can flip an e4m3 rounding
+        torch.testing.assert_close(out.float().cpu(), want, rtol=2e-2, atol=5e-2)
     ref = per_token_reference(x, d13, d2, w, ids)
     err = float((out.float().cpu() - ref).norm() / ref.norm())
     assert 0.01 < err < 0.08, err
@@ -642,16 +647,23 @@ def test_torch_compile_fullgraph(device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("t", [8, 64], ids=["small-batch", "grouped"])
-def test_cuda_graph_replays_with_new_routing(t):
+@pytest.mark.parametrize(
+    "t, fp8", [(8, False), (64, False), (64, True)], ids=["small-batch", "grouped", "grouped-fp8"]
+)
+def test_cuda_graph_replays_with_new_routing(t, fp8):
+    # grouped-fp8: the fp8 grouped GEMMs and the activation quantisation replay too.
     e, k, h, i = 16, 4, 256, 128
     x, w13, w2, _, _ = layer_case(e, k, h, i, t, torch.bfloat16, "cuda", 16)
+    scales = {}
+    if fp8:
+        (w13, s13), (w2, s2) = fp8_weights(w13, True, gen(17)), fp8_weights(w2, True, gen(18))
+        scales = {"w13_scale": s13, "w2_scale": s2}
     logits = torch.randn(t, e, device="cuda")
     out = torch.empty_like(x)
 
     def layer():
         w, ids = kiln.moe_topk(logits, k)
-        kiln.fused_moe(x, w13, w2, w, ids, out=out)
+        kiln.fused_moe(x, w13, w2, w, ids, out=out, **scales)
         return w, ids
 
     layer()  # load the modules and tune outside the capture
@@ -667,7 +679,12 @@ def test_cuda_graph_replays_with_new_routing(t):
         torch.cuda.synchronize()
         want_w, want_ids = moe_topk_float(logits.cpu(), k)
         assert torch.equal(ids_g.cpu(), want_ids)
-        check_layer(out, per_token_reference(x, w13, w2, want_w, want_ids), torch.bfloat16)
+        if not fp8:
+            check_layer(out, per_token_reference(x, w13, w2, want_w, want_ids), torch.bfloat16)
+            continue
+        d13, d2 = dequantize(w13, s13), dequantize(w2, s2)
+        want = fused_moe_fp8_activations_float(x, d13, d2, want_w.cuda(), want_ids.cuda())
+        torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=5e-2)  # as the fp8 grouped test
 
 
 @pytest.mark.gpu
