@@ -1,6 +1,6 @@
 """The DeepSeek-V3 MoE layer with fp8 block-scaled weights, at its real size (256 experts), on one GPU.
 
-    python benchmarks/moe_fp8.py [--tokens 1 16 64 512 4096] [--reps 10] [--out moe_fp8.jsonl]
+    python benchmarks/moe_fp8.py [--tokens 1 16 64 512 4096] [--reps 10] [--out moe_fp8.jsonl] [--grouped-too]
 
 The harness's `fused_moe` routine holds three copies of a case's inputs, so its DeepSeek-V3
 workloads keep 128 of the 256 bf16 experts; fp8 weights are half the bytes, and this script holds
@@ -17,7 +17,8 @@ small-batch limit runs the fp8 grouped GEMMs on activations quantised per 1 x 12
 against `fused_moe_fp8_activations_float`, the same quantisation points, at the fp8 GEMM
 tolerance, and the record keeps its relative error against the unquantised layer), then CUDA
 events around 4 back-to-back calls per sample, --reps samples, the median with p10/p90; kiln also
-under a CUDA graph at decode sizes (T <= 64). The floor is the bytes of the selected experts' fp8
+under a CUDA graph at decode sizes (T <= 64), and with --grouped-too the fp8 grouped path there
+as well (`kiln_grouped_fp8`: kiln.moe.SMALL_BATCH_TOKENS set to 0 around the call). The floor is the bytes of the selected experts' fp8
 weights (and their scales) / 4.3 TB/s; the torch pipeline reads bf16 weights, twice the bytes.
 """
 
@@ -86,7 +87,7 @@ def _quantised(rows: int, cols: int, gen):
     return q, s, deq
 
 
-def _measure(t: int, up, down, gen, reps: int) -> list[dict]:
+def _measure(t: int, up, down, gen, reps: int, grouped_too: bool = False) -> list[dict]:
     """One token count: each backend checked, then timed (kiln also on a graph at T <= 64)."""
     import torch
 
@@ -103,11 +104,12 @@ def _measure(t: int, up, down, gen, reps: int) -> list[dict]:
         logits, K, scoring="sigmoid", num_expert_group=8, topk_group=4, routed_scaling_factor=2.5
     )
     want = fused_moe_float(x, q13, q2, w, ids, w13_scale=s13, w2_scale=s2)
-    fp8_path = kiln_moe.FP8_GROUPED_GEMM and not (
-        t <= kiln_moe.SMALL_BATCH_TOKENS and t * K <= kiln_moe.SMALL_BATCH_ROWS_PER_EXPERT * E
-    )
+    small = t <= kiln_moe.SMALL_BATCH_TOKENS and t * K <= kiln_moe.SMALL_BATCH_ROWS_PER_EXPERT * E
+    fp8_path = kiln_moe.FP8_GROUPED_GEMM and not small
     want_q = None
-    if fp8_path:  # the fp8 grouped path's own quantisation points (fp8 GEMM tolerance: 2e-2, 0.1)
+    if kiln_moe.FP8_GROUPED_GEMM and (
+        fp8_path or grouped_too
+    ):  # the fp8 grouped path's own quantisation points (fp8 GEMM tolerance: 2e-2, 0.1)
         want_q = torch.zeros_like(want)
         for lo in range(0, E, 32):  # 32 experts' float32 weights at a time (~5.6 GB)
             sel = slice(lo, lo + 32)
@@ -125,10 +127,20 @@ def _measure(t: int, up, down, gen, reps: int) -> list[dict]:
     def torch_call():
         return torch_pipeline(x, d13, d2, w, ids)
 
+    def kiln_grouped_call():  # the grouped path at a decode size (the small-batch limit off)
+        limit = kiln_moe.SMALL_BATCH_TOKENS
+        kiln_moe.SMALL_BATCH_TOKENS = 0
+        try:
+            return kiln_call()
+        finally:
+            kiln_moe.SMALL_BATCH_TOKENS = limit
+
     cases = [("kiln", False, kiln_call), ("torch_grouped_mm", False, torch_call)]
     if t <= 64:
         replay = _graphed(kiln_call)
         cases.append(("kiln", True, lambda: (replay(), out)[1]))
+    if small and grouped_too:
+        cases.append(("kiln_grouped_fp8", False, kiln_grouped_call))
     rows = []
     for backend, graph, fn in cases:
         out.fill_(float("nan"))
@@ -137,7 +149,8 @@ def _measure(t: int, up, down, gen, reps: int) -> list[dict]:
         err = (got.float() - want).abs().max().item()
         rel = ((got.float() - want).norm() / want.norm()).item()
         check = (want, rtol, atol)
-        if backend == "kiln" and want_q is not None:
+        quantised = (backend == "kiln" and fp8_path) or backend == "kiln_grouped_fp8"
+        if quantised and want_q is not None:
             check = (want_q, 2e-2, 1e-1)
         torch.testing.assert_close(
             got.float(), check[0], rtol=check[1], atol=check[2], msg=f"{backend} at T={t}"
@@ -150,7 +163,7 @@ def _measure(t: int, up, down, gen, reps: int) -> list[dict]:
                 "tokens": t,
                 "backend": backend,
                 "cuda_graph": graph,
-                "weights": "fp8 e4m3" if backend == "kiln" else "bf16 (dequantised)",
+                "weights": "fp8 e4m3" if backend.startswith("kiln") else "bf16 (dequantised)",
                 "median_us": med,
                 "p10_us": sorted(times)[len(times) // 10],
                 "p90_us": sorted(times)[-1 - len(times) // 10],
@@ -164,7 +177,7 @@ def _measure(t: int, up, down, gen, reps: int) -> list[dict]:
                 "rel_err_vs_float32_layer": rel,
                 "rtol": check[1],
                 "atol": check[2],
-                "activations": "e4m3 per 1 x 128" if backend == "kiln" and fp8_path else "bf16",
+                "activations": "e4m3 per 1 x 128" if quantised and want_q is not None else "bf16",
                 "gpu": torch.cuda.get_device_name(),
                 "dtype": "bfloat16",
             }
@@ -177,6 +190,11 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64, 512, 4096])
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out")
+    ap.add_argument(
+        "--grouped-too",
+        action="store_true",
+        help="at decode sizes also time the fp8 grouped path (kiln_grouped_fp8: the small-batch limit off)",
+    )
     args = ap.parse_args()
     import torch
 
@@ -184,7 +202,7 @@ def main() -> int:
     q13, s13, d13 = _quantised(2 * INTER, H, gen)
     q2, s2, d2 = _quantised(H, INTER, gen)
     for t in args.tokens:
-        for row in _measure(t, (q13, s13, d13), (q2, s2, d2), gen, args.reps):
+        for row in _measure(t, (q13, s13, d13), (q2, s2, d2), gen, args.reps, args.grouped_too):
             print(json.dumps(row), flush=True)
             if args.out:
                 with open(args.out, "a") as f:
