@@ -18,8 +18,9 @@ against `fused_moe_fp8_activations_float`, the same quantisation points, at the 
 tolerance, and the record keeps its relative error against the unquantised layer), then CUDA
 events around 4 back-to-back calls per sample, --reps samples, the median with p10/p90; kiln also
 under a CUDA graph at decode sizes (T <= 64), and with --grouped-too the fp8 grouped path there
-as well (`kiln_grouped_fp8`: kiln.moe.SMALL_BATCH_TOKENS set to 0 around the call). The floor is the bytes of the selected experts' fp8
-weights (and their scales) / 4.3 TB/s; the torch pipeline reads bf16 weights, twice the bytes.
+as well (`kiln_grouped_fp8`: kiln.moe.SMALL_BATCH_TOKENS set to 0 around the call). The floor is
+the bytes of the selected experts' fp8 weights (and their scales) / 4.3 TB/s; the torch pipeline
+reads bf16 weights, twice the bytes.
 """
 
 from __future__ import annotations
