@@ -551,7 +551,7 @@ def fp8_moe_examples() -> tuple[Example, ...]:
             source=DEEPSEEK_V3_MOE,
         )
         for layer, n, k in FP8_MOE_LAYERS
-        for phase, tokens_list in (("prefill", (512, 4096)),)
+        for phase, tokens_list in (("decode", (1, 16, 64)), ("prefill", (512, 4096)))
     )
 
 
