@@ -3,7 +3,8 @@ kiln/trace/gemm.py on fresh random DeepSeek-V3-quantised inputs (activations per
 expert's weight per 128 x 128 block): empty, one-row and 128-crossing segments, odd n (a partial
 last n block), both scale layouts, a per-expert scale as a stride-0 view, bf16 and f16 outputs,
 rows in no segment left unwritten; bad inputs matched by message; bad bounds as index errors; the
-tactic rules (a misaligned view runs the fallback kernel); torch.compile and a CUDA graph.
+tactic rules (a misaligned view runs the fallback kernel); a hypothesis property over segment
+lengths, n, k and the scale layout; torch.compile and a CUDA graph.
 
 The host backend runs every CPU case; `-m gpu` runs them on CUDA (the sm90 wgmma kernel on an
 H200) and adds DeepSeek-V3's real expert shapes (K 7168 / N 4096 and K 2048 / N 7168).
@@ -17,6 +18,8 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import device_params
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import kiln
 from kiln import _jit
@@ -78,6 +81,23 @@ def test_matches_the_reference(device, mode, lens, n, k):
     kiln.group_gemm_fp8_nt_groupwise(a1, b, sa1, sb, indptr, scale_major_mode=mode, out=out16)
     close(out16[:rows], want, device)
     assert out16[rows:].isnan().all()
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lens=st.lists(st.integers(0, 140), min_size=1, max_size=5),
+    n=st.integers(1, 300),
+    kb=st.integers(1, 3),
+    mode=st.sampled_from(["MN", "K"]),
+    seed=st.integers(0, 2**16),
+)
+def test_any_segmentation_property(lens, n, kb, mode, seed):
+    """Any segment lengths (empty ones, one row, past 128), any n (partial n blocks), k of 1-3
+    scale blocks, either scale layout: the reference, on the host backend."""
+    g = gen(seed)
+    a, b, sa, sb, indptr = operands(lens, n, 128 * kb, mode, "cpu", g)
+    out = kiln.group_gemm_fp8_nt_groupwise(a, b, sa, sb, indptr, scale_major_mode=mode)
+    close(out, ref.group_gemm_fp8_reference_float(a, b, sa, sb, indptr, mode, torch.float64), "cpu")
 
 
 @pytest.mark.parametrize("device", device_params())
