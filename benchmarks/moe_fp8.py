@@ -1,6 +1,6 @@
 """The DeepSeek-V3 MoE layer with fp8 block-scaled weights, at its real size (256 experts), on one GPU.
 
-    python benchmarks/moe_fp8.py [--tokens 1 16 64 512 4096] [--reps 10] [--out moe_fp8.jsonl]
+    python benchmarks/moe_fp8.py [--tokens 1 16 64 512 4096] [--reps 10] [--out moe_fp8.jsonl] [--grouped-too]
 
 The harness's `fused_moe` routine holds three copies of a case's inputs, so its DeepSeek-V3
 workloads keep 128 of the 256 bf16 experts; fp8 weights are half the bytes, and this script holds
@@ -12,10 +12,15 @@ DeepSeek-V3's (sigmoid scores, 8 groups, the best 4 of them, top 8, routed scali
 `kiln.moe_topk` on random logits.
 
 Per token count: a reference check of each backend (NaN-filled output; the float32 layer on the
-dequantised weights, `kiln.trace.moe.fused_moe_float`, at the bf16 layer tolerance), then CUDA
+dequantised weights, `kiln.trace.moe.fused_moe_float`, at the bf16 layer tolerance; kiln above the
+small-batch limit runs the fp8 grouped GEMMs on activations quantised per 1 x 128, so it is checked
+against `fused_moe_fp8_activations_float`, the same quantisation points, at the fp8 GEMM
+tolerance, and the record keeps its relative error against the unquantised layer), then CUDA
 events around 4 back-to-back calls per sample, --reps samples, the median with p10/p90; kiln also
-under a CUDA graph at decode sizes (T <= 64). The floor is the bytes of the selected experts' fp8
-weights (and their scales) / 4.3 TB/s; the torch pipeline reads bf16 weights, twice the bytes.
+under a CUDA graph at decode sizes (T <= 64), and with --grouped-too the fp8 grouped path there
+as well (`kiln_grouped_fp8`: kiln.moe.SMALL_BATCH_TOKENS set to 0 around the call). The floor is
+the bytes of the selected experts' fp8 weights (and their scales) / 4.3 TB/s; the torch pipeline
+reads bf16 weights, twice the bytes.
 """
 
 from __future__ import annotations
@@ -83,13 +88,14 @@ def _quantised(rows: int, cols: int, gen):
     return q, s, deq
 
 
-def _measure(t: int, up, down, gen, reps: int) -> list[dict]:
+def _measure(t: int, up, down, gen, reps: int, grouped_too: bool = False) -> list[dict]:
     """One token count: each backend checked, then timed (kiln also on a graph at T <= 64)."""
     import torch
 
     import kiln
+    import kiln.moe as kiln_moe
     from benchmarks.routines.moe import torch_pipeline
-    from kiln.trace.moe import LAYER_TOLERANCE, fused_moe_float
+    from kiln.trace.moe import LAYER_TOLERANCE, dequantize, fused_moe_float, fused_moe_fp8_activations_float
 
     (q13, s13, d13), (q2, s2, d2) = up, down
     rtol, atol = LAYER_TOLERANCE["bfloat16"]
@@ -99,6 +105,19 @@ def _measure(t: int, up, down, gen, reps: int) -> list[dict]:
         logits, K, scoring="sigmoid", num_expert_group=8, topk_group=4, routed_scaling_factor=2.5
     )
     want = fused_moe_float(x, q13, q2, w, ids, w13_scale=s13, w2_scale=s2)
+    small = t <= kiln_moe.SMALL_BATCH_TOKENS and t * K <= kiln_moe.SMALL_BATCH_ROWS_PER_EXPERT * E
+    fp8_path = kiln_moe.FP8_GROUPED_GEMM and not small
+    want_q = None
+    if kiln_moe.FP8_GROUPED_GEMM and (
+        fp8_path or grouped_too
+    ):  # the fp8 grouped path's own quantisation points (fp8 GEMM tolerance: 2e-2, 0.1)
+        want_q = torch.zeros_like(want)
+        for lo in range(0, E, 32):  # 32 experts' float32 weights at a time (~5.6 GB)
+            sel = slice(lo, lo + 32)
+            ids_local = torch.where((ids >= lo) & (ids < lo + 32), ids - lo, torch.full_like(ids, -1))
+            want_q += fused_moe_fp8_activations_float(
+                x, dequantize(q13[sel], s13[sel]), dequantize(q2[sel], s2[sel]), w, ids_local
+            )
     experts = int(torch.unique(ids).numel())
     floor_us = experts * (3 * H * INTER + 3 * (H // BLOCK) * (INTER // BLOCK) * 4) / (COPY_TBPS * 1e6)
     out = torch.empty_like(x)
@@ -109,30 +128,61 @@ def _measure(t: int, up, down, gen, reps: int) -> list[dict]:
     def torch_call():
         return torch_pipeline(x, d13, d2, w, ids)
 
+    def kiln_grouped_call():  # the grouped path at a decode size (the small-batch limit off)
+        limit = kiln_moe.SMALL_BATCH_TOKENS
+        kiln_moe.SMALL_BATCH_TOKENS = 0
+        try:
+            return kiln_call()
+        finally:
+            kiln_moe.SMALL_BATCH_TOKENS = limit
+
     cases = [("kiln", False, kiln_call), ("torch_grouped_mm", False, torch_call)]
     if t <= 64:
         replay = _graphed(kiln_call)
         cases.append(("kiln", True, lambda: (replay(), out)[1]))
+    if small and grouped_too:
+        cases.append(("kiln_grouped_fp8", False, kiln_grouped_call))
     rows = []
     for backend, graph, fn in cases:
         out.fill_(float("nan"))
         got = fn()
         torch.cuda.synchronize()
         err = (got.float() - want).abs().max().item()
-        torch.testing.assert_close(got.float(), want, rtol=rtol, atol=atol, msg=f"{backend} at T={t}")
+        rel = ((got.float() - want).norm() / want.norm()).item()
+        check = (want, rtol, atol)
+        quantised = (backend == "kiln" and fp8_path) or backend == "kiln_grouped_fp8"
+        if quantised and want_q is not None:
+            check = (want_q, 2e-2, 1e-1)
+        torch.testing.assert_close(
+            got.float(), check[0], rtol=check[1], atol=check[2], msg=f"{backend} at T={t}"
+        )
         times = _time(fn, reps)
         med = statistics.median(times)
-        rows.append({
-            "layer": "deepseek-v3 fp8 block-128 (E 256, k 8, H 7168, I 2048, grouped 8/4 sigmoid)",
-            "tokens": t, "backend": backend, "cuda_graph": graph,
-            "weights": "fp8 e4m3" if backend == "kiln" else "bf16 (dequantised)",
-            "median_us": med, "p10_us": sorted(times)[len(times) // 10],
-            "p90_us": sorted(times)[-1 - len(times) // 10], "reps": len(times),
-            "timing": "cuda_events, 4 calls per sample", "experts_selected": experts,
-            "fp8_weight_floor_us": floor_us, "fraction_of_fp8_floor": floor_us / med,
-            "reference_check": "passed", "max_abs_err": err, "rtol": rtol, "atol": atol,
-            "gpu": torch.cuda.get_device_name(), "dtype": "bfloat16",
-        })
+        rows.append(
+            {
+                "layer": "deepseek-v3 fp8 block-128 (E 256, k 8, H 7168, I 2048, grouped 8/4 sigmoid)",
+                "tokens": t,
+                "backend": backend,
+                "cuda_graph": graph,
+                "weights": "fp8 e4m3" if backend.startswith("kiln") else "bf16 (dequantised)",
+                "median_us": med,
+                "p10_us": sorted(times)[len(times) // 10],
+                "p90_us": sorted(times)[-1 - len(times) // 10],
+                "reps": len(times),
+                "timing": "cuda_events, 4 calls per sample",
+                "experts_selected": experts,
+                "fp8_weight_floor_us": floor_us,
+                "fraction_of_fp8_floor": floor_us / med,
+                "reference_check": "passed" if check[0] is want else "passed (fp8-activation reference)",
+                "max_abs_err": err,
+                "rel_err_vs_float32_layer": rel,
+                "rtol": check[1],
+                "atol": check[2],
+                "activations": "e4m3 per 1 x 128" if quantised and want_q is not None else "bf16",
+                "gpu": torch.cuda.get_device_name(),
+                "dtype": "bfloat16",
+            }
+        )
     return rows
 
 
@@ -141,6 +191,11 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64, 512, 4096])
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out")
+    ap.add_argument(
+        "--grouped-too",
+        action="store_true",
+        help="at decode sizes also time the fp8 grouped path (kiln_grouped_fp8: the small-batch limit off)",
+    )
     args = ap.parse_args()
     import torch
 
@@ -148,7 +203,7 @@ def main() -> int:
     q13, s13, d13 = _quantised(2 * INTER, H, gen)
     q2, s2, d2 = _quantised(H, INTER, gen)
     for t in args.tokens:
-        for row in _measure(t, (q13, s13, d13), (q2, s2, d2), gen, args.reps):
+        for row in _measure(t, (q13, s13, d13), (q2, s2, d2), gen, args.reps, args.grouped_too):
             print(json.dumps(row), flush=True)
             if args.out:
                 with open(args.out, "a") as f:

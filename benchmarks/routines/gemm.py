@@ -11,6 +11,9 @@ for the device):
                          SegmentGEMMWrapper
   grouped_mm             kiln's triton backend (kiln_triton); torch._grouped_mm; a torch.matmul loop
                          over the groups
+  group_gemm_fp8_nt_groupwise  torch._grouped_mm on bf16 copies of the operands dequantised once,
+                         outside the timing (what torch offers: it has no block-scaled fp8 grouped
+                         GEMM; the MoE layer's torch pipeline); flashinfer (sm100/sm120 only)
 
 Work counted: 2 m n k per product (FLOPs); bytes: every input and output once. Outputs given to
 `out=` start as NaN, so an element a backend never writes fails the reference check.
@@ -352,4 +355,69 @@ GROUPED_MM = Routine(
     max_sets=16,
 )
 
-ROUTINES = (MM_BF16, BMM_BF16, BMM_FP8, GEMM_FP8_NT_GROUPWISE, SEGMENT_GEMM, GROUPED_MM)
+
+# --- group_gemm_fp8_nt_groupwise ----------------------------------------------------------------------
+
+
+def kiln_group_fp8(inp, ctx):
+    a, b, sa, sb, indptr = inp["a"], inp["b"], inp["a_scale"], inp["b_scale"], inp["m_indptr"]
+    out = _nan_out((a.shape[0], b.shape[1]), torch_dtype(ctx.dtype), a.device)
+    mode = inp["scale_major_mode"]
+    return lambda: kiln.group_gemm_fp8_nt_groupwise(a, b, sa, sb, indptr, scale_major_mode=mode, out=out)
+
+
+def _dequant_blocks(b: torch.Tensor, sb: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """b [E, n, k] fp8 times its "MN" block scales [E, k/128, ceil(n/128)], in dtype, one expert at a
+    time (no float32 copy of all of b)."""
+    e, n, k = b.shape
+    out = torch.empty((e, n, k), dtype=dtype, device=b.device)
+    blk = gemm_traces.SCALE_BLOCK
+    for i in range(e):
+        full = sb[i].t().repeat_interleave(blk, 0)[:n].repeat_interleave(blk, 1)[:, :k]
+        out[i] = (b[i].float() * full).to(dtype)
+    return out
+
+
+def torch_group_fp8(inp, ctx):
+    """torch._grouped_mm on the operands dequantised to the workload dtype once (setup, untimed)."""
+    a, b, sa, sb, indptr = inp["a"], inp["b"], inp["a_scale"], inp["b_scale"], inp["m_indptr"]
+    dtype = torch_dtype(ctx.dtype)
+    rows, k = a.shape
+    a_deq = (a.float() * gemm_traces.expand_scales(sa.t(), rows, k, 1)).to(dtype)
+    b_deq = _dequant_blocks(b, sb, dtype).transpose(1, 2)
+    offs = indptr[1:].to(torch.int32)
+    return lambda: torch._grouped_mm(a_deq, b_deq, offs=offs)
+
+
+def flashinfer_group_fp8(inp, ctx):
+    fi = _flashinfer()[0]
+    a, b, sa, sb, indptr = inp["a"], inp["b"], inp["a_scale"], inp["b_scale"], inp["m_indptr"]
+    dtype = torch_dtype(ctx.dtype)
+    return lambda: fi.group_gemm_fp8_nt_groupwise(a, b, sa, sb, indptr, out_dtype=dtype)
+
+
+GROUP_GEMM_FP8_NT_GROUPWISE = Routine(
+    api=kiln.group_gemm_fp8_nt_groupwise,
+    backends=_peers(
+        kiln_group_fp8,
+        "torch_grouped_mm",
+        torch_group_fp8,
+        flashinfer_group_fp8,
+        lambda device, dtype: _flashinfer_on(
+            device, dtype, FP8_DTYPES, min_cc=(10, 0), why="(its grouped fp8 kernels are sm100/sm120)"
+        ),
+        torch_available=_grouped_mm_available,
+    ),
+    flops_per_call=gemm_flops,
+    max_sets=2,  # E 256 x 4096 x 7168 weights are 7.5 GB a set
+)
+
+ROUTINES = (
+    MM_BF16,
+    BMM_BF16,
+    BMM_FP8,
+    GEMM_FP8_NT_GROUPWISE,
+    SEGMENT_GEMM,
+    GROUPED_MM,
+    GROUP_GEMM_FP8_NT_GROUPWISE,
+)

@@ -89,8 +89,22 @@ op_library(
     release="all",
 )
 
+# The fp8 grouped GEMM (MoE with e4m3 weights, DeepSeek-V3's 1 x 128 x 128 scales): the grouped
+# entry and fallback units of :grouped for e4m3, and the sm90 unit combining the grouped tile
+# order with the groupwise main loop.
+op_library(
+    name="fp8_grouped",
+    doc="grouped fp8 GEMM with groupwise (1 x 128 x 128) scales per weight: group_gemm_fp8_nt_groupwise",
+    srcs=["grouped_cuda.cu", "fp8_grouped_sm90.cu", *SHARED],
+    host_srcs=HOST,
+    binding="bindings/gemm/fp8_grouped.cc",
+    dispatch={"dtype": ["e4m3"]},
+    archs=ARCHS,
+    release="all",
+)
+
 op_group(
     name="gemm",
-    doc="every GEMM op: mm, fp8, grouped",
-    targets=[":mm", ":fp8", ":grouped"],
+    doc="every GEMM op: mm, fp8, grouped, fp8_grouped",
+    targets=[":mm", ":fp8", ":grouped", ":fp8_grouped"],
 )

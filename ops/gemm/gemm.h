@@ -16,6 +16,8 @@
 //
 // Grouped GEMM (segment GEMM, MoE / LoRA): rows [lo_s, hi_s) of x times weight w[e_s]:
 //   out[i, j] = sum_k x[i, k] * W_{e_s}(k, j)   for lo_s <= i < hi_s, e_s = weight_indices[s] (or s)
+// (16-bit x and weights; fp8 e4m3 with groupwise scales, the K sum in 128-wide blocks each scaled
+// by a_scale(i, kb) * b_scale(e_s, j / 128, kb): :fp8_grouped)
 // with the segment bounds either FlashInfer's seg_indptr (num_groups + 1 entries, lo_s =
 // indptr[s], hi_s = indptr[s + 1]) or torch._grouped_mm's offs (num_groups cumulative row ends,
 // lo_0 = 0). Rows of out outside every segment are not written.
@@ -151,6 +153,17 @@ struct GroupedGemmParams {
   void* out = nullptr;  // [total_rows, n], row stride ldo
   DType out_dtype = DType::kBF16;
   int64_t ldo = 0;
+
+  // fp8 (//ops/gemm:fp8_grouped, x and weights e4m3): kGroupwise only, k a multiple of 128. Row
+  // i's 128-wide k block kb of x has a_scale(i, kb); weight e's 128 x 128 block (jb, kb) has
+  // b_scale(e, jb, kb) (a per-weight scale is the same with stride_n = stride_k = 0):
+  //   a_scale(i, kb)     at a_scale[i * a_scale_stride_m + kb * a_scale_stride_k]
+  //   b_scale(e, jb, kb) at b_scale[e * b_scale_stride_w + jb * b_scale_stride_n + kb * b_scale_stride_k]
+  ScaleMode scale_mode = ScaleMode::kNone;
+  const float* a_scale = nullptr;
+  const float* b_scale = nullptr;
+  int64_t a_scale_stride_m = 0, a_scale_stride_k = 0;
+  int64_t b_scale_stride_w = 0, b_scale_stride_n = 0, b_scale_stride_k = 0;
 };
 
 // Segment s of a grouped GEMM: rows [lo, hi) and its weight, or ok = false when its bounds or

@@ -6,6 +6,7 @@
 //
 // Groupwise scales are applied to the operands as they are loaded (a(i, k) * a_scale(i, k / 128),
 // b(k, j) * b_scale(j / 128, k / 128)): the same sum as scaling each 128-wide block's partial.
+// Grouped fp8: the same, with weight e's block scales at b_scale + e * b_scale_stride_w.
 // Grouped: CTA tiles run over the rows of x; each CTA visits every segment overlapping its 64
 // rows (a linear scan of the bounds, check_segment: CTA (0, 0) records a bad segment in the
 // device's error record) and computes those rows with that segment's weight.
@@ -47,7 +48,7 @@ __global__ void __launch_bounds__(256) gemm_fallback_kernel(const FallbackArgs f
   const float alpha = p.scale_mode == ScaleMode::kPerTensor ? p.a_scale[0] * p.b_scale[0] : 1.0f;
 
   // One pass over k for rows [row_lo, row_hi) of this CTA's tile with operands a, b.
-  auto run = [&](const TA* a, const TB* b, void* out, int64_t row_lo, int64_t row_hi) {
+  auto run = [&](const TA* a, const TB* b, const float* b_scale, void* out, int64_t row_lo, int64_t row_hi) {
     float acc[4][4] = {};
     for (int64_t k0 = 0; k0 < p.k; k0 += BK) {
       for (int idx = threadIdx.x; idx < BM * BK; idx += kThreads) {
@@ -72,7 +73,7 @@ __global__ void __launch_bounds__(256) gemm_fallback_kernel(const FallbackArgs f
         if (j < p.n && k < p.k) {
           v = to_f32(p.b_layout == BLayout::kKMajor ? b[j * p.ldb + k] : b[k * p.ldb + j]);
           if (groupwise) {
-            v *= p.b_scale[(j / kScaleBlock) * p.b_scale_stride_n + (k / kScaleBlock) * p.b_scale_stride_k];
+            v *= b_scale[(j / kScaleBlock) * p.b_scale_stride_n + (k / kScaleBlock) * p.b_scale_stride_k];
           }
         }
         bs[kk][c] = v;
@@ -107,15 +108,16 @@ __global__ void __launch_bounds__(256) gemm_fallback_kernel(const FallbackArgs f
   if (!f.grouped) {
     const int64_t z = blockIdx.z;
     run(static_cast<const TA*>(p.a) + z * p.a_batch_stride, static_cast<const TB*>(p.b) + z * p.b_batch_stride,
-        static_cast<uint8_t*>(p.out) + z * p.out_batch_stride * dtype_bytes(p.out_dtype), 0, p.m);
+        p.b_scale, static_cast<uint8_t*>(p.out) + z * p.out_batch_stride * dtype_bytes(p.out_dtype), 0, p.m);
     return;
   }
   const bool report = threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0;
   for (int64_t s = 0; s < f.g.num_groups; ++s) {
     const Segment seg = check_segment(f.g, s, report ? f.errors : nullptr);
     if (!seg.ok || seg.hi <= m0 || seg.lo >= m0 + BM) continue;
-    run(static_cast<const TA*>(p.a), static_cast<const TB*>(p.b) + seg.weight * f.g.b_weight_stride, p.out, seg.lo,
-        seg.hi);
+    const float* b_scale = groupwise ? p.b_scale + seg.weight * f.g.b_scale_stride_w : nullptr;
+    run(static_cast<const TA*>(p.a), static_cast<const TB*>(p.b) + seg.weight * f.g.b_weight_stride, b_scale, p.out,
+        seg.lo, seg.hi);
   }
 }
 
@@ -149,6 +151,9 @@ Status run_grouped_fallback(const GroupedGemmParams& g, LaunchContext ctx) {
   f.p.a = g.a, f.p.a_dtype = f.p.b_dtype = g.a_dtype, f.p.lda = g.lda;
   f.p.b = g.b, f.p.b_layout = g.b_layout, f.p.ldb = g.ldb;
   f.p.out = g.out, f.p.out_dtype = g.out_dtype, f.p.ldo = g.ldo;
+  f.p.scale_mode = g.scale_mode, f.p.a_scale = g.a_scale, f.p.b_scale = g.b_scale;
+  f.p.a_scale_stride_m = g.a_scale_stride_m, f.p.a_scale_stride_k = g.a_scale_stride_k;
+  f.p.b_scale_stride_n = g.b_scale_stride_n, f.p.b_scale_stride_k = g.b_scale_stride_k;
   return launch_gemm_fallback<T, T>(f, ctx);
 }
 

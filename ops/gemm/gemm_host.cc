@@ -136,16 +136,31 @@ Status grouped_gemm(const GroupedGemmParams& p, const Tactic& t, LaunchContext) 
     return Status::IndexError(index_error(static_cast<ErrorCode>(record[0]), record[1], record[2], record[3]));
   }
   const int64_t eb = dtype_bytes(p.a_dtype);
+  const bool groupwise = p.scale_mode == ScaleMode::kGroupwise;
   std::vector<float> bt, row;
   for (int64_t s = 0; s < p.num_groups; ++s) {
     const Segment seg = check_segment(p, s, nullptr);
     if (seg.hi == seg.lo) continue;
     b_columns(static_cast<const uint8_t*>(p.b) + seg.weight * p.b_weight_stride * eb, p.a_dtype, p.b_layout, p.ldb, p.n,
               p.k, &bt);
+    const float* b_scale = groupwise ? p.b_scale + seg.weight * p.b_scale_stride_w : nullptr;
     for (int64_t i = seg.lo; i < seg.hi; ++i) {
       a_row(p.a, p.a_dtype, i * p.lda, p.k, &row);
-      for (int64_t j = 0; j < p.n; ++j)
-        store(p.out, p.out_dtype, i * p.ldo + j, dot(row.data(), bt.data() + j * p.k, p.k));
+      for (int64_t j = 0; j < p.n; ++j) {
+        const float* col = bt.data() + j * p.k;
+        float acc = 0.0f;
+        if (groupwise) {  // each 128-wide k block's partial times its two scales (DeepSeek-V3)
+          for (int64_t kb = 0; kb * kScaleBlock < p.k; ++kb) {
+            const int64_t k0 = kb * kScaleBlock;
+            acc += dot(row.data() + k0, col + k0, kScaleBlock) *
+                   p.a_scale[i * p.a_scale_stride_m + kb * p.a_scale_stride_k] *
+                   b_scale[(j / kScaleBlock) * p.b_scale_stride_n + kb * p.b_scale_stride_k];
+          }
+        } else {
+          acc = dot(row.data(), col, p.k);
+        }
+        store(p.out, p.out_dtype, i * p.ldo + j, acc);
+      }
     }
   }
   return Status::Ok();

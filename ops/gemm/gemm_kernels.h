@@ -13,6 +13,7 @@
 //   :mm       16-bit T:  run_sm90_kmajor, run_sm90_nmajor, run_sm80, run_small_m, run_fallback<T, T>
 //   :fp8      fp8 A:     run_sm90_fp8_tensor, run_sm90_fp8_group, run_fallback<A, e4m3 | e5m2>
 //   :grouped  16-bit T:  run_grouped_sm90, run_grouped_fallback
+//   :fp8_grouped e4m3:   run_grouped_sm90_fp8, run_grouped_fallback
 #pragma once
 
 #include <string>
@@ -42,6 +43,8 @@ template <typename T>
 Status run_grouped_sm90(const GroupedGemmParams& p, const Tactic& t, LaunchContext ctx);
 template <typename T>
 Status run_grouped_fallback(const GroupedGemmParams& p, LaunchContext ctx);
+template <typename TA>
+Status run_grouped_sm90_fp8(const GroupedGemmParams& p, const Tactic& t, LaunchContext ctx);
 
 template <typename T>
 constexpr bool kFp8Type = std::is_same_v<T, e4m3_t> || std::is_same_v<T, e5m2_t>;
@@ -100,7 +103,13 @@ Status grouped_table(const GroupedGemmParams& p, const Tactic& t, LaunchContext 
                      dtype_name(p.a_dtype));
   }
   if (p.k == 0 || t.kernel == Kernel::kFallback) return run_grouped_fallback<T>(p, ctx);
-  if (t.kernel == Kernel::kSm90) return run_grouped_sm90<T>(p, t, ctx);
+  if (t.kernel == Kernel::kSm90) {
+    if constexpr (kFp8Type<T>) {
+      return run_grouped_sm90_fp8<T>(p, t, ctx);
+    } else {
+      return run_grouped_sm90<T>(p, t, ctx);
+    }
+  }
   return no_kernel("this module has no grouped kernel for tactic " + tactic_name(t));
 }
 

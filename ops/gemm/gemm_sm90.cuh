@@ -19,6 +19,8 @@
 //     other, the finished one is added to the tile's with a_scale(row, kb) * b_scale(n-block, kb).
 //   A warpgroup whose 64 rows are all past the last row of its tile (M or segment tail) skips
 //     its wgmma and its stores.
+//   Grouped fp8 (MoE with e4m3 weights): the same groupwise loop, b_scale offset by the tile's
+//     weight (b_scale(e, n-block, kb)).
 //   Grouped: tiles of segment s are ceil(rows_s / 128) x n_tiles, segment after segment; each warp
 //     that needs a tile's segment finds it with a warp scan over 32 segments at a time (the tile
 //     index only grows, so the scan resumes where it stopped). A's rows past a segment's end
@@ -90,6 +92,7 @@ struct Sm90Args {
   const float* a_scale;
   const float* b_scale;
   int64_t sa_m, sa_k, sb_n, sb_k;
+  int64_t sb_w;         // grouped groupwise: b_scale's stride between weights (dense: 0)
   GroupedGemmParams g;  // grouped only
   int64_t* errors;      // grouped only: the device's index-error record (or null)
 };
@@ -340,7 +343,7 @@ __global__ void __launch_bounds__(384, 1)
         const int row0 = tile.m0 + 64 * cw + 16 * warp + g;
         const int nb = tile.n0 / 128;
         auto load_scales = [&](int kb, float (&sc)[2]) {
-          const float bs = args.b_scale[nb * args.sb_n + kb * args.sb_k];
+          const float bs = args.b_scale[tile.batch * args.sb_w + nb * args.sb_n + kb * args.sb_k];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int r = row0 + 8 * h;
@@ -623,6 +626,9 @@ Status launch_grouped_sm90(const GroupedGemmParams& p, LaunchContext ctx) {
   args.raster = kRasterRows;
   args.g = p;
   args.errors = ctx.errors;
+  args.a_scale = p.a_scale, args.b_scale = p.b_scale;
+  args.sa_m = p.a_scale_stride_m, args.sa_k = p.a_scale_stride_k;
+  args.sb_w = p.b_scale_stride_w, args.sb_n = p.b_scale_stride_n, args.sb_k = p.b_scale_stride_k;
   CUtensorMap ta{}, tb{}, tout{};
   const int64_t b_rows = C::B_KMAJOR ? p.n : p.k;
   Status st = make_maps<C>(p.a, p.lda, 0, std::max<int64_t>(p.total_rows, 1), p.k, p.b, p.ldb, p.b_weight_stride,
@@ -698,6 +704,14 @@ Status run_sm90_fp8_tensor(const GemmParams& p, const Tactic& t, LaunchContext c
 template <typename TA>
 Status run_sm90_fp8_group(const GemmParams& p, const Tactic& t, LaunchContext ctx) {
   return sm90_fp8<TA, ScaleMode::kGroupwise>(p, t, ctx);
+}
+
+// Grouped fp8 (e4m3 x e4m3, groupwise scales per weight) -> bf16 or f16: the grouped tile order
+// and clipped stores with the groupwise two-accumulator main loop (tile_n 128).
+template <typename TA>
+Status run_grouped_sm90_fp8(const GroupedGemmParams& p, const Tactic& t, LaunchContext ctx) {
+  return p.out_dtype == DType::kF16 ? sm90_shape<TA, e4m3_t, f16_t, true, ScaleMode::kGroupwise, true>(p, t, ctx)
+                                    : sm90_shape<TA, e4m3_t, bf16_t, true, ScaleMode::kGroupwise, true>(p, t, ctx);
 }
 
 template <typename T>

@@ -124,9 +124,19 @@ std::string invalid(const GroupedGemmParams& p) {
     return "sizes must be >= 0";
   }
   if (p.num_groups == 0 || p.n == 0 || p.total_rows == 0) return "";
-  if (!is16(p.a_dtype)) return std::string("grouped GEMM takes bf16 or f16 inputs, got ") + dtype_name(p.a_dtype);
-  if (!out_ok(p.a_dtype, p.out_dtype)) {
-    return std::string("out dtype ") + dtype_name(p.out_dtype) + " is not supported for " + dtype_name(p.a_dtype);
+  if (!is16(p.a_dtype) && p.a_dtype != DType::kE4M3) {
+    return std::string("grouped GEMM takes bf16, f16 or e4m3 inputs, got ") + dtype_name(p.a_dtype);
+  }
+  if (!out_ok(p.a_dtype, p.out_dtype) || (is_fp8(p.a_dtype) && p.out_dtype == DType::kF32)) {
+    return std::string("out dtype ") + dtype_name(p.out_dtype) + " is not supported for " + dtype_name(p.a_dtype) +
+           " (16-bit: the input dtype or f32; e4m3: bf16 or f16)";
+  }
+  if (is_fp8(p.a_dtype) != (p.scale_mode == ScaleMode::kGroupwise) || p.scale_mode == ScaleMode::kPerTensor) {
+    return is_fp8(p.a_dtype) ? "fp8 grouped GEMM needs groupwise scales" : "scales are only for fp8 inputs";
+  }
+  if (p.scale_mode == ScaleMode::kGroupwise) {
+    if (p.a_scale == nullptr || p.b_scale == nullptr) return "a_scale and b_scale must be given";
+    if (p.k % kScaleBlock != 0) return "groupwise scaling needs k a multiple of 128 (got " + str(p.k) + ")";
   }
   if (p.out == nullptr || p.bounds == nullptr || (p.k > 0 && (p.a == nullptr || p.b == nullptr))) {
     return "x, weights, out and the segment bounds must be non-null";
@@ -224,6 +234,7 @@ std::string unsupported(const GroupedGemmParams& p, const Tactic& t, int arch) {
       d.a = p.a, d.a_dtype = d.b_dtype = p.a_dtype, d.lda = p.lda;
       d.b = p.b, d.b_layout = p.b_layout, d.ldb = p.ldb;
       d.out = p.out, d.out_dtype = p.out_dtype, d.ldo = p.ldo;
+      d.scale_mode = p.scale_mode, d.a_scale = p.a_scale, d.b_scale = p.b_scale;
       if (std::string why = unsupported(d, t, arch); !why.empty()) return why;
       if (t.cluster_m != 1) return "grouped GEMM runs without clusters";
       if ((p.n * eo) % 16) return "grouped GEMM needs n * sizeof(out) a multiple of 16 bytes";

@@ -1,6 +1,7 @@
-// //ops/gemm:grouped, CUDA backend: grouped_gemm() of gemm.h for this module's dtype (bf16 or
-// f16, spec_config.h), and the fallback kernel's grouped instantiation; the sm90 grouped kernels
-// are in grouped_sm90.cu. Copied into the generated directory.
+// //ops/gemm:grouped and :fp8_grouped, CUDA backend: grouped_gemm() of gemm.h for this module's
+// dtype (bf16 or f16 for :grouped, e4m3 for :fp8_grouped; spec_config.h), and the fallback
+// kernel's grouped instantiation; the sm90 grouped kernels are in grouped_sm90.cu (16-bit) and
+// fp8_grouped_sm90.cu (fp8). Copied into the generated directory.
 #include <cuda_runtime.h>
 
 #include <string>

@@ -1,4 +1,4 @@
-"""GEMM (//ops/gemm:mm, :fp8, :grouped) with FlashInfer's and torch's names and argument order:
+"""GEMM (//ops/gemm:mm, :fp8, :grouped, :fp8_grouped) with FlashInfer's and torch's names and argument order:
 
     mm_bf16(a, b, bias=None, pdl=False, out=None, out_dtype=None)         out = a @ b
     bmm_bf16(A, B, out=None, out_dtype=None)                              out[i] = A[i] @ B[i]
@@ -9,11 +9,15 @@
                           out=None, seg_lens=None, seg_indptr=None, weight_indices=None)
     grouped_mm(a, b, offs, bias=None, out_dtype=None, out=None, backend="auto")
                                                                           torch._grouped_mm, 2-D x 3-D
+    group_gemm_fp8_nt_groupwise(a, b, a_scale, b_scale, m_indptr, scale_granularity_mnk=(1, 128, 128),
+                          scale_major_mode="MN", mma_sm=1, out=None, out_dtype=None)
+                                                                          grouped fp8, MoE experts
 
 Every M, N, K works (odd sizes, unaligned views: the fallback kernel); accumulation is float32.
 docs/gemm.md has the shapes, layouts, what each refuses and why, the kernels and the autotuner.
 
-Each launch is a torch custom op (kiln::mm, kiln::gemm_fp8, kiln::grouped_gemm) with a fake
+Each launch is a torch custom op (kiln::mm, kiln::gemm_fp8, kiln::grouped_gemm,
+kiln::group_gemm_fp8) with a fake
 implementation, so torch.compile(fullgraph=True) traces through and CUDA graphs capture it; in
 eager mode the launcher is called directly. The tactic (kernel and tile) of each call comes from
 kiln.autotune when it tuned one, else from the default heuristic (ops/gemm/gemm_tactics.cc);
@@ -41,6 +45,7 @@ from .trace import traced
 MM = "//ops/gemm:mm"
 FP8 = "//ops/gemm:fp8"
 GROUPED = "//ops/gemm:grouped"
+FP8_GROUPED = "//ops/gemm:fp8_grouped"
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _16BIT = (torch.bfloat16, torch.float16)
 _INDEX = (torch.int32, torch.int64)
@@ -838,3 +843,147 @@ def grouped_mm(
         return out
     _grouped_op(out, a, b, bounds, True, None)
     return out
+
+
+# --- grouped fp8: group_gemm_fp8_nt_groupwise --------------------------------------------------------
+
+
+@custom_op("group_gemm_fp8", mutates=("out",))
+def _group_fp8_op(
+    out: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    bounds: torch.Tensor,
+    bounds_are_ends: bool,
+    scale_mode: str,
+) -> None:
+    device = a.device
+    mod = _jit.module(
+        FP8_GROUPED, device, "kiln.group_gemm_fp8_nt_groupwise", dtype=a.dtype, names={"dtype": "a.dtype"}
+    )
+    dl, stream = _jit.dl, _jit.stream_of(device)
+    (a_dl, a_as), (b_dl, b_as) = _fp8_dl(a), _fp8_dl(b)
+    args = {
+        "a": a_dl,
+        "b": b_dl,
+        "out": dl(out),
+        "bounds": dl(bounds),
+        "bounds_are_ends": bounds_are_ends,
+        "a_scale": dl(a_scale),
+        "b_scale": dl(b_scale),
+        "scale_mode": scale_mode,
+        "a_as": a_as,
+        "b_as": b_as,
+    }
+    errors_at = errors.record_address(device)
+
+    def shape():
+        groups = bounds.numel() - (0 if bounds_are_ends else 1)
+        return (
+            f"{scale_mode} rows{autotuner.bucket(a.shape[0])} groups{groups} n{b.shape[1]} k{a.shape[1]} "
+            f"e4m3 out:{_SHORT[out.dtype]}"
+        )
+
+    autotuner.launch(
+        mod,
+        "fp8_grouped",
+        shape,
+        device,
+        lambda t, strict, blocked: mod.group_gemm_fp8(
+            **args, tactic=t, strict=strict, blocked=blocked, errors=errors_at, stream=stream
+        ),
+        lambda: mod.group_gemm_fp8_tactics(**args),
+    )
+    errors.after_launch(device)
+
+
+def _group_fp8(api: str, a, b, a_scale, b_scale, bounds, bounds_are_ends: bool, scale_major_mode: str, out):
+    """The checks of group_gemm_fp8_nt_groupwise (and of the MoE layer's fp8 path, which passes
+    offs), then the launch into out."""
+    _tensor(api, "a", a, 2)
+    _tensor(api, "b", b, 3)
+    for name, t in (("a", a), ("b", b)):
+        if t.dtype != torch.float8_e4m3fn:
+            raise TypeError(f"{api}: {name}.dtype must be torch.float8_e4m3fn, got {t.dtype}")
+    _same_device(api, "a", a, b=b)
+    _k_matches(api, "b", 2, "a", a, b)
+    if scale_major_mode not in ("MN", "K"):
+        raise ValueError(f"{api}: scale_major_mode must be 'MN' or 'K', got {scale_major_mode!r}")
+    k = a.shape[1]
+    if k % SCALE_GRANULARITY[2]:
+        raise ValueError(f"{api}: k (a.shape[1] = {k}) must be a multiple of 128 for groupwise scaling")
+    _scale(api, "a_scale", a_scale, a)
+    _scale(api, "b_scale", b_scale, a)
+    name = "offs" if bounds_are_ends else "m_indptr"
+    _tensor(api, name, bounds, 1)
+    if bounds.dtype not in _INDEX:
+        raise TypeError(f"{api}: {name} must be an int32 (or int64) tensor, got {bounds.dtype}")
+    _same_device(api, "a", a, **{name: bounds})
+    groups = bounds.numel() - (0 if bounds_are_ends else 1)
+    if groups < 0 or groups > b.shape[0]:
+        raise ValueError(
+            f"{api}: {name} has {bounds.numel()} entries: {groups} segments, but b holds {b.shape[0]} "
+            f"weights (segment s uses b[s]; m_indptr has num_groups + 1 entries)"
+        )
+    if out.dtype not in _16BIT:
+        raise TypeError(f"{api}: the output dtype must be torch.bfloat16 or torch.float16, got {out.dtype}")
+    _group_fp8_op(out, a, b, a_scale, b_scale, bounds.contiguous(), bounds_are_ends, scale_major_mode)
+    return out
+
+
+@logged_api(mutates=("out",))
+@traced(gemm_traces.GROUP_GEMM_FP8_NT_GROUPWISE)
+def group_gemm_fp8_nt_groupwise(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    m_indptr: torch.Tensor,
+    scale_granularity_mnk: tuple[int, int, int] = SCALE_GRANULARITY,
+    scale_major_mode: str = "MN",
+    mma_sm: int = 1,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Grouped fp8 GEMM with DeepSeek-V3 groupwise scales, float32 accumulation (FlashInfer's name and
+    argument order; the MoE experts' GEMM). For each segment s, rows ``[m_indptr[s], m_indptr[s+1])``:
+
+    ``out[i, j] = sum_kb a_scale(i, kb) * b_scale(s, j // 128, kb) * (a[i, kb] . b[s, j, kb])``, the
+    dot product over the 128-wide k block kb
+
+    Args:
+        a: ``[cum_m, k]`` float8_e4m3fn, row-major; k a multiple of 128.
+        b: ``[E, n, k]`` float8_e4m3fn, k contiguous (each expert's weight as a linear layer holds it).
+        a_scale: float32, one per row and 128-wide k block: ``[k / 128, cum_m]`` ("MN") or
+            ``[cum_m, k / 128]`` ("K"); any strides.
+        b_scale: float32, one per expert and 128 x 128 block: ``[E, k / 128, ceil(n / 128)]`` ("MN")
+            or ``[E, ceil(n / 128), k / 128]`` ("K"); any strides (a per-expert scale ``s [E]`` is
+            ``s[:, None, None].expand(...)``).
+        m_indptr: ``[E + 1]`` int32 (or int64) segment bounds, from 0, non-decreasing, at most
+            cum_m; segment s uses b[s]. Unlike FlashInfer, no multiple-of-4 padding is needed.
+            Checked where the kernel reads them: a bad segment writes nothing and is reported by
+            ``kiln.check_errors()`` (immediately under ``KILN_VALIDATE_INDICES=1``; on the CPU an
+            IndexError at once). Rows in no segment are not written.
+        scale_granularity_mnk: (1, 128, 128), the only granularity supported.
+        scale_major_mode: "MN" (FlashInfer's default) or "K".
+        mma_sm: 1 or 2, accepted for FlashInfer compatibility; no effect.
+        out: optional ``[cum_m, n]`` output; its dtype wins over out_dtype.
+        out_dtype: torch.bfloat16 (default) or torch.float16.
+    """
+    api = "kiln.group_gemm_fp8_nt_groupwise"
+    _tensor(api, "a", a, 2)
+    _tensor(api, "b", b, 3)
+    if mma_sm not in (1, 2):
+        raise ValueError(f"{api}: mma_sm must be 1 or 2, got {mma_sm!r}")
+    if tuple(scale_granularity_mnk) != SCALE_GRANULARITY:
+        raise ValueError(
+            f"{api}: scale_granularity_mnk {tuple(scale_granularity_mnk)} is not supported: kiln's "
+            f"groupwise kernels scale per {SCALE_GRANULARITY} blocks (DeepSeek-V3's) only"
+        )
+    dtype = out.dtype if isinstance(out, torch.Tensor) else (out_dtype or torch.bfloat16)
+    if dtype not in _16BIT:
+        raise TypeError(f"{api}: the output dtype must be torch.bfloat16 or torch.float16, got {dtype}")
+    out = _out(api, out, (a.shape[0], b.shape[1]), dtype, a)
+    return _group_fp8(api, a, b, a_scale, b_scale, m_indptr, False, scale_major_mode, out)

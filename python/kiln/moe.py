@@ -15,7 +15,9 @@ and FlashInfer's names and argument order.
                       backend="auto")                          fc1 [E, 2I, H]: up rows, then gate
 
 The layer is moe_permute -> kiln.grouped_mm (gate and up in one GEMM) -> silu/gelu-tanh-and-mul ->
-kiln.grouped_mm (down) -> moe_unpermute (the weighted sum over the k experts, float32); at decode
+kiln.grouped_mm (down) -> moe_unpermute (the weighted sum over the k experts, float32); with fp8
+weights the GEMMs are kiln.group_gemm_fp8_nt_groupwise on activations quantised per 1 x 128
+(kiln.per_token_group_quant_fp8); at decode
 sizes (T <= 64, T*k <= 8E) the two GEMMs and the activation are the small-batch expert kernels
 instead (the activation fused into the up projection; only the selected experts' weights read).
 backend= picks the grouped GEMMs' backend: "triton" runs both projections through
@@ -36,7 +38,8 @@ from . import _jit, errors
 from ._ops import custom_op
 from .activation import gelu_tanh_and_mul, silu_and_mul
 from .api_logging import logged_api
-from .gemm import grouped_mm
+from .gemm import _group_fp8, grouped_mm
+from .quantization import per_token_group_quant_fp8
 from .trace import moe as moe_traces
 from .trace import traced
 
@@ -57,6 +60,15 @@ BLOCK = 128  # fp8 block scales: 128 x 128 weights share one float32 scale (Deep
 # the grouped GEMMs; docs/perf/moe.md). Shapes only: the choice never depends on the routing.
 SMALL_BATCH_TOKENS = 64
 SMALL_BATCH_ROWS_PER_EXPERT = 8
+# The grouped path with fp8 e4m3 weights: True (default) runs kiln.group_gemm_fp8_nt_groupwise on
+# the fp8 weights as they are, the activations quantised to e4m3 per 1 x 128 group (float32 scales,
+# kiln.per_token_group_quant_fp8) before each GEMM: ~3 % relative rms error per quantised GEMM
+# input (docs/moe.md measures it). False: the fallback, the weights dequantised to the activation
+# dtype every call and the 16-bit grouped GEMMs (no activation quantisation; reads the fp8
+# weights and writes and reads a 16-bit copy). A diagnostic switch, process-wide; the GEMM's
+# depth must be a multiple of 128 (H for the up, I for the down projection) for the fp8 GEMM,
+# else that projection takes the fallback anyway.
+FP8_GROUPED_GEMM = True
 
 
 def _module(api: str, device: torch.device, dtype: torch.dtype, name: str):
@@ -559,17 +571,58 @@ def _layer(
         down = torch.empty((n, h), dtype=x.dtype, device=x.device)
         _experts_op(down, act, w2, offs, False, "silu", 0, 0, w2_scale if fp8_2 else None)
         return _unpermute(api, down, topk_weights.to(torch.float32), src_idx, out)
-    w13 = _dequantized(w13, w13_scale if fp8_13 else None, x.dtype)
-    w2 = _dequantized(w2, w2_scale if fp8_2 else None, x.dtype)
-    if up_first:  # FlashInfer's fc1: up rows, then gate; the activation takes the gate first
-        up = torch.empty((permuted.shape[0], two_i), dtype=x.dtype, device=x.device)
-        grouped_mm(permuted, w13[:, i:].transpose(1, 2), offs, out=up[:, :i], backend=backend)
-        grouped_mm(permuted, w13[:, :i].transpose(1, 2), offs, out=up[:, i:], backend=backend)
+    fp8_gemm = FP8_GROUPED_GEMM and backend != "triton"
+    # fc1's two halves are separate GEMMs: block scales split at row I need I % 128 == 0.
+    split_ok = not up_first or w13_scale is None or w13_scale.dim() == 1 or i % BLOCK == 0
+    gemm13 = fp8_gemm and fp8_13 and h % BLOCK == 0 and split_ok and w13.stride(-1) == 1
+    gemm2 = fp8_gemm and fp8_2 and i % BLOCK == 0 and w2.stride(-1) == 1
+    up = torch.empty((n, two_i), dtype=x.dtype, device=x.device)
+    # (weight rows, their block-scale rows, the output columns) of each GEMM: one for w13's gate
+    # and up rows together; FlashInfer's fc1 (up_first) holds up rows, then gate, and the
+    # activation takes the gate first: two GEMMs writing the halves of up. (No slicing for the
+    # one-GEMM form: it stays traceable on fake tensors of any device.)
+    if up_first:
+        parts = [
+            (w13[:, i:], slice(i // BLOCK, -(-two_i // BLOCK)), up[:, :i]),
+            (w13[:, :i], slice(0, -(-i // BLOCK)), up[:, i:]),
+        ]
     else:
-        up = grouped_mm(permuted, w13.transpose(1, 2), offs, backend=backend)
+        parts = [(w13, None, up)]
+    if gemm13:
+        xq, xs = per_token_group_quant_fp8(permuted, BLOCK)
+        for rows, blocks, dst in parts:
+            if w13_scale.dim() == 3:  # block scales: the blocks of these rows (I % 128 == 0 when split)
+                sc = w13_scale if blocks is None else w13_scale[:, blocks]
+            else:
+                sc = _block_scales(w13_scale, rows.shape)
+            _group_fp8(api, xq, rows, xs, sc.to(torch.float32), offs, True, "K", dst)
+    else:
+        deq = _dequantized(w13, w13_scale if fp8_13 else None, x.dtype)
+        if up_first:
+            parts = [(deq[:, i:], None, up[:, :i]), (deq[:, :i], None, up[:, i:])]
+        else:
+            parts = [(deq, None, up)]
+        for rows, _, dst in parts:
+            grouped_mm(permuted, rows.transpose(1, 2), offs, out=dst, backend=backend)
     act = ACTIVATIONS[activation](up)
-    down = grouped_mm(act, w2.transpose(1, 2), offs, backend=backend)
+    down = torch.empty((n, h), dtype=x.dtype, device=x.device)
+    if gemm2:
+        aq, as_ = per_token_group_quant_fp8(act, BLOCK)
+        _group_fp8(api, aq, w2, as_, _block_scales(w2_scale, w2.shape), offs, True, "K", down)
+    else:
+        w2 = _dequantized(w2, w2_scale if fp8_2 else None, x.dtype)
+        grouped_mm(act, w2.transpose(1, 2), offs, out=down, backend=backend)
     return _unpermute(api, down, topk_weights.to(torch.float32), src_idx, out)
+
+
+def _block_scales(scale: torch.Tensor, shape) -> torch.Tensor:
+    """An fp8 weight's scales as the [E, ceil(rows/128), ceil(cols/128)] grid the fp8 grouped GEMM
+    reads ("K" layout): block scales as they are, a per-expert [E] scale as a stride-0 view."""
+    scale = scale.to(torch.float32)
+    e, r, c = shape
+    if scale.dim() == 3:
+        return scale
+    return scale[:, None, None].expand(e, -(-r // BLOCK), -(-c // BLOCK))
 
 
 @logged_api(mutates=("out",))
@@ -612,8 +665,10 @@ def fused_moe(
     The up and down projections are rounded to the hidden states' dtype (the GEMM outputs; at
     decode sizes the activation product and the down projection), the k-way sum is float32.
     fp8 weights are read as fp8 by the decode-size kernels (scales applied in float32); at larger
-    batches they are dequantised to the activation dtype per call (no fp8 grouped GEMM yet;
-    docs/moe.md).
+    batches by the fp8 grouped GEMM (kiln.group_gemm_fp8_nt_groupwise), the activations quantised
+    to e4m3 per 1 x 128 group before each projection (~4.5 % relative error against the float32
+    layer; H and I multiples of 128, else the weights are dequantised per call; docs/moe.md,
+    FP8_GROUPED_GEMM).
     """
     return _layer(
         "kiln.fused_moe",
@@ -656,8 +711,8 @@ def cutlass_fused_moe(
         output_dtype: must be the input's dtype (None: the input's).
         quant_scales: for fp8 e4m3 weights, ``(fc1_scale, fc2_scale)`` float32, per expert ``[E]`` or
             per 128 x 128 block (FlashInfer's DeepSeek block-scale form); None for 16-bit weights.
-            FlashInfer's four-entry per-tensor list (with activation scales) is not accepted: kiln
-            does not quantise the activations.
+            FlashInfer's four-entry per-tensor list (with static activation scales) is not
+            accepted: kiln's fp8 grouped path quantises the activations itself, per 1 x 128.
         output: optional ``[T, H]`` output.
         backend: the GEMMs' backend, as for :func:`fused_moe` (kiln's, not a FlashInfer argument):
             ``"auto"`` (default, today ``"cuda"``), ``"cuda"``, or ``"triton"`` (the Triton grouped

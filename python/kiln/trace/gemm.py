@@ -471,11 +471,117 @@ GROUPED_MM = TraceTemplate(
         "offs": Tensor(("num_experts",), "int32"),
     },
     outputs={"out": Tensor(("rows", "n"))},
-    options={"bias": "not supported (None), as in torch", "out_dtype": "the workload dtype",
-             "backend": "which implementation runs (auto: the CUDA backend; triton), not the workload"},
+    options={
+        "bias": "not supported (None), as in torch",
+        "out_dtype": "the workload dtype",
+        "backend": "which implementation runs (auto: the CUDA backend; triton), not the workload",
+    },
     make_inputs=grouped_mm_inputs,
     reference=grouped_mm_reference,
     tolerance={"bfloat16": DENSE_TOLERANCE["bfloat16"]},
     examples=moe_examples(),
     small=({"rows": 1, "num_experts": 2, "n": 24, "k": 40}, {"rows": 37, "num_experts": 5, "n": 40, "k": 72}),
+)
+
+# --- group_gemm_fp8_nt_groupwise -----------------------------------------------------------------
+
+DEEPSEEK_V3_MOE = (
+    "deepseek-ai/DeepSeek-V3 config.json (hidden_size 7168, moe_intermediate_size 2048, "
+    "n_routed_experts 256, num_experts_per_tok 8; fp8 e4m3 weights with 128 x 128 block scales)"
+)
+# (layer, n, k): DeepSeek-V3's expert GEMMs, gate+up (2 x 2048 from 7168) and down.
+FP8_MOE_LAYERS = (("moe-gate-up", 2 * 2048, 7168), ("moe-down", 7168, 2048))
+FP8_MOE_EXPERTS = 256
+
+
+def group_gemm_fp8_reference_float(
+    a, b, a_scale, b_scale, m_indptr, scale_major_mode="MN", compute=torch.float32
+):
+    """out[rows of segment s] = groupwise_reference_float(a[rows], b[s], their scales): a [rows, k]
+    and b [E, n, k] fp8, segment s = rows [m_indptr[s], m_indptr[s + 1]); scales "MN": a_scale
+    [k/128, rows], b_scale [E, k/128, ceil(n/128)]; "K": a_scale [rows, k/128], b_scale [E,
+    ceil(n/128), k/128]. Rows in no segment: 0."""
+    out = torch.zeros(a.shape[0], b.shape[1], dtype=compute, device=a.device)
+    bounds = m_indptr.tolist()
+    for s in range(len(bounds) - 1):
+        lo, hi = bounds[s], bounds[s + 1]
+        if hi == lo:
+            continue
+        sa = a_scale[:, lo:hi] if scale_major_mode == "MN" else a_scale[lo:hi]
+        out[lo:hi] = groupwise_reference_float(a[lo:hi], b[s], sa, b_scale[s], scale_major_mode, compute)
+    return out
+
+
+def group_gemm_fp8_reference(a, b, a_scale, b_scale, m_indptr, scale_major_mode):
+    return {"out": group_gemm_fp8_reference_float(a, b, a_scale, b_scale, m_indptr, scale_major_mode)}
+
+
+def group_gemm_fp8_inputs(t, axes, dtype, device, gen):
+    """DeepSeek-V3 quantization per segment: a per 1 x 128 (token) group, each expert's b per
+    128 x 128 block; "MN" scales (FlashInfer's default); rows drawn uniformly over the experts."""
+    rows, e, n, k = axes["rows"], axes["num_experts"], axes["n"], axes["k"]
+    fp8 = torch.float8_e4m3fn
+    lens = segment_lengths(rows, e, gen)
+    a, a_scale = quantize_blocks(operand((rows, k), k, gen, device), 1, fp8)
+    w = operand((e, n, k), k, gen, device)
+    qs = [quantize_blocks(w[i], SCALE_BLOCK, fp8) for i in range(e)]
+    b = torch.stack([q for q, _ in qs])
+    b_scale = torch.stack([s.t() for _, s in qs])  # [E, k/128, ceil(n/128)]
+    return {
+        "a": a.to(device),
+        "b": b.to(device),
+        "a_scale": a_scale.t().contiguous().to(device),
+        "b_scale": b_scale.contiguous().to(device),
+        "m_indptr": torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(
+            device=device, dtype=torch.int32
+        ),
+    }
+
+
+def fp8_moe_examples() -> tuple[Example, ...]:
+    return tuple(
+        Example(
+            f"deepseek-v3-{layer}-{phase}",
+            "deepseek-v3",
+            phase,
+            {},
+            tuple(
+                {"rows": 8 * tokens, "num_experts": FP8_MOE_EXPERTS, "n": n, "k": k} for tokens in tokens_list
+            ),
+            source=DEEPSEEK_V3_MOE,
+        )
+        for layer, n, k in FP8_MOE_LAYERS
+        for phase, tokens_list in (("decode", (1, 16, 64)), ("prefill", (512, 4096)))
+    )
+
+
+GROUP_GEMM_FP8_NT_GROUPWISE = TraceTemplate(
+    name="group_gemm_fp8_nt_groupwise",
+    target="//ops/gemm:fp8_grouped",
+    description="grouped DeepSeek-V3 block-scaled fp8 (MoE experts): the rows of segment s of a "
+    "[rows, k] times b[s].T ([E, n, k]), a scaled per 1 x 128, b per 128 x 128 (MN-major scales), "
+    "segments by m_indptr; out in the workload dtype",
+    axes=GROUPED_AXES,
+    inputs={
+        "a": Tensor(("rows", "k"), "float8_e4m3fn"),
+        "b": Tensor(("num_experts", "n", "k"), "float8_e4m3fn"),
+        "a_scale": Tensor(("k // 128", "rows"), "float32"),
+        "b_scale": Tensor(("num_experts", "k // 128", "cdiv(n, 128)"), "float32"),
+        "m_indptr": Tensor(("num_experts + 1",), "int32"),
+        "scale_major_mode": Scalar("str", "MN", "layout of the scales"),
+    },
+    outputs={"out": Tensor(("rows", "n"))},
+    options={
+        "mma_sm": "accepted, no effect",
+        "scale_granularity_mnk": "(1, 128, 128), the only one supported",
+        "out_dtype": "the workload dtype",
+    },
+    make_inputs=group_gemm_fp8_inputs,
+    reference=group_gemm_fp8_reference,
+    tolerance=FP8_TOLERANCE,
+    examples=fp8_moe_examples(),
+    small=(
+        {"rows": 5, "num_experts": 2, "n": 72, "k": 128},
+        {"rows": 41, "num_experts": 3, "n": 200, "k": 256},
+    ),
 )

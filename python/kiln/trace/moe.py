@@ -22,6 +22,7 @@ import math
 import torch
 
 from .gemm import QWEN3_30B_A3B
+from .quantization import group_quant_reference_fp8
 from .template import Example, Scalar, Tensor, TraceTemplate, const, var
 
 MIXTRAL_8X7B = (
@@ -396,6 +397,34 @@ def fused_moe_float(
         h = x[tok] @ w1e.t()
         gate, up = (h[:, i:], h[:, :i]) if up_first else (h[:, :i], h[:, i:])
         y = (act_float(gate, activation) * up) @ w2e.t()
+        out.index_add_(0, tok, y * topk_weights[tok, slot].float()[:, None])
+    return out
+
+
+def group_dequantized(x):
+    """x through per-token-group (1 x 128) e4m3 quantisation and back, float32: what the fp8 grouped
+    path feeds its GEMMs (kiln.per_token_group_quant_fp8's formula, kiln.trace.quantization)."""
+    q, s = group_quant_reference_fp8(x.float(), 128)
+    return (q.float().unflatten(-1, (-1, 128)) * s[..., None]).flatten(-2)
+
+
+def fused_moe_fp8_activations_float(hidden_states, w13, w2, topk_weights, topk_ids, up_first=False):
+    """The layer with the fp8 grouped path's own roundings (docs/moe.md), one expert at a time on
+    the inputs' device: x quantised per 1 x 128, the up projection rounded to bf16, the activation
+    product (silu) rounded to bf16 then quantised per 1 x 128, float32 otherwise; w13, w2 the
+    dequantised (float) weights. What kiln's fp8 grouped path computes up to summation order: the
+    check of that path's arithmetic, where fused_moe_float measures what the quantisation costs."""
+    i = w13.shape[1] // 2
+    xq = group_dequantized(hidden_states)
+    out = torch.zeros((xq.shape[0], w2.shape[1]), dtype=torch.float32, device=xq.device)
+    for e in range(w13.shape[0]):
+        tok, slot = torch.nonzero(topk_ids.long() == e, as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        h = (xq[tok] @ w13[e].float().t()).bfloat16().float()
+        gate, up = (h[:, i:], h[:, :i]) if up_first else (h[:, :i], h[:, i:])
+        act = (torch.nn.functional.silu(gate) * up).bfloat16().float()
+        y = group_dequantized(act) @ w2[e].float().t()
         out.index_add_(0, tok, y * topk_weights[tok, slot].float()[:, None])
     return out
 

@@ -29,6 +29,7 @@ MODULES = [
     ("//ops/gemm:mm", "bf16", torch.bfloat16),
     ("//ops/gemm:fp8", "e4m3", torch.float8_e4m3fn),
     ("//ops/gemm:grouped", "bf16", torch.bfloat16),
+    ("//ops/gemm:fp8_grouped", "e4m3", torch.float8_e4m3fn),
 ]
 
 
@@ -72,7 +73,7 @@ def test_each_arch_holds_the_instructions_of_its_kernels(built):
     label, _, _, library = built
     sass = _sass_by_arch(library)
     assert set(sass) == {"sm_80", "sm_90a"}
-    wgmma = "QGMMA" if label.endswith(":fp8") else "HGMMA"
+    wgmma = "QGMMA" if label.endswith((":fp8", ":fp8_grouped")) else "HGMMA"
     assert sass["sm_90a"].count(wgmma) > 0  # the TMA + wgmma kernels
     assert "GMMA" not in sass["sm_80"]  # there, the sm90 kernels are trap stubs
     if label.endswith(":mm"):
