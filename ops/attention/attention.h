@@ -30,9 +30,11 @@ namespace kiln::attention {
 
 // Kernels read page ids through load_page(): an entry of page_indices outside [0, num_indices)
 // is never read, and a page id outside [0, num_pages) is never used; such a token's work is
-// skipped and the first error recorded (ops/common/device_error.h). The sm90a prefill producer
-// checks a request's entry range once and passes ids on as TMA coordinates unchecked (one past
-// the cache reads zeros), while a warp of its own checks every id and records the error.
+// skipped and the first error recorded (ops/common/device_error.h). The sm90a prefill kernel's
+// TMA producer checks a request's entry range once and passes ids on as TMA coordinates
+// unchecked (one past the cache reads zeros), while a warp of its own checks every id and records
+// the error; its gather producer (small pages, strides TMA rejects) checks each row's id as it
+// loads it.
 struct PagedKV {
   const void* k;
   const void* v;
