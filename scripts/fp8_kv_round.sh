@@ -20,19 +20,7 @@
 # bounds every step after the install: whatever finished is kept.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/kiln-out}
-mkdir -p "$OUT"
-export KILN_WORKSPACE_BASE=${KILN_WORKSPACE_BASE:-/tmp/kiln-ws}
-export PYTHONUNBUFFERED=1
-status=0
-t0=$(date +%s)
-DEADLINE=${DEADLINE:-230}
-elapsed() { echo $(( $(date +%s) - t0 )); }
-left() { local l=$(( DEADLINE - $(elapsed) )); [ "$l" -gt 0 ] && echo "$l" || echo 1; }
-step() { echo "== [$(elapsed) s] $*" | tee -a "$OUT/steps.log"; }
-note() { echo "$*" | tee -a "$OUT/steps.log"; }
-pack() { tar -czf "$OUT/results.tgz" -C "$OUT" --exclude results.tgz . 2>/dev/null; }
-trap pack EXIT
+DEADLINE_DEFAULT=230 . scripts/round_common.sh
 WORKLOADS=${WORKLOADS:-"64x4096 256x2048 1x4096 1x32768"}
 TESTS=(tests/ops/attention/test_fp8_kv.py tests/ops/attention/test_decode.py
        tests/ops/attention/test_merge_and_page.py tests/ops/attention/test_sanitizer.py

@@ -22,19 +22,7 @@
 # step after the install: whatever finished is kept, and the tar is written on exit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/kiln-out}
-mkdir -p "$OUT"
-export KILN_WORKSPACE_BASE=${KILN_WORKSPACE_BASE:-/tmp/kiln-ws}
-export PYTHONUNBUFFERED=1
-status=0
-t0=$(date +%s)
-DEADLINE=${DEADLINE:-225}
-elapsed() { echo $(( $(date +%s) - t0 )); }
-left() { local l=$(( DEADLINE - $(elapsed) )); [ "$l" -gt 0 ] && echo "$l" || echo 1; }
-step() { echo "== [$(elapsed) s] $*" | tee -a "$OUT/steps.log"; }
-note() { echo "$*" | tee -a "$OUT/steps.log"; }
-pack() { tar -czf "$OUT/results.tgz" -C "$OUT" --exclude results.tgz . 2>/dev/null; }
-trap pack EXIT
+DEADLINE_DEFAULT=225 . scripts/round_common.sh
 TARGETS="//ops/gemm:fp8_grouped //ops:moe //ops/gemm:grouped //ops:activation //ops:quantization"
 
 nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader \

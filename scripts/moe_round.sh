@@ -24,19 +24,7 @@
 # cached build is on the machine): it runs last and is cut off by the deadline if it must.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/kiln-out}
-mkdir -p "$OUT"
-export KILN_WORKSPACE_BASE=${KILN_WORKSPACE_BASE:-/tmp/kiln-ws}
-export PYTHONUNBUFFERED=1
-status=0
-t0=$(date +%s)
-DEADLINE=${DEADLINE:-230}
-elapsed() { echo $(( $(date +%s) - t0 )); }
-left() { local l=$(( DEADLINE - $(elapsed) )); [ "$l" -gt 0 ] && echo "$l" || echo 1; }
-step() { echo "== [$(elapsed) s] $*" | tee -a "$OUT/steps.log"; }
-note() { echo "$*" | tee -a "$OUT/steps.log"; }
-pack() { tar -czf "$OUT/results.tgz" -C "$OUT" --exclude results.tgz . 2>/dev/null; }
-trap pack EXIT
+DEADLINE_DEFAULT=230 . scripts/round_common.sh
 TARGETS="//ops:moe //ops/gemm:grouped //ops:activation"
 TOKENS=${TOKENS:-"1 16 64 512 4096 16384"}
 MODELS=${MODELS:-"mixtral-8x7b qwen3-30b-a3b deepseek-v3"}

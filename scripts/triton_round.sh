@@ -25,19 +25,7 @@
 # every step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/kiln-out}
-mkdir -p "$OUT"
-export KILN_WORKSPACE_BASE=${KILN_WORKSPACE_BASE:-/tmp/kiln-ws}
-export PYTHONUNBUFFERED=1
-status=0
-t0=$(date +%s)
-DEADLINE=${DEADLINE:-230}
-elapsed() { echo $(( $(date +%s) - t0 )); }
-left() { local l=$(( DEADLINE - $(elapsed) )); [ "$l" -gt 0 ] && echo "$l" || echo 1; }
-step() { echo "== [$(elapsed) s] $*" | tee -a "$OUT/steps.log"; }
-note() { echo "$*" | tee -a "$OUT/steps.log"; }
-pack() { tar -czf "$OUT/results.tgz" -C "$OUT" --exclude results.tgz . 2>/dev/null; }
-trap pack EXIT
+DEADLINE_DEFAULT=230 . scripts/round_common.sh
 TESTS="tests/runtime/test_triton_toolchain.py tests/ops/gemm/test_grouped_triton.py tests/ops/moe/test_moe_backend.py"
 SHAPES=${SHAPES:-"moe-e128-k2048-n3072-decode moe-e128-k2048-n3072-prefill qwen3-30b-a3b-moe-gate-up-prefill \
 qwen3-30b-a3b-moe-down-prefill"}
