@@ -209,6 +209,54 @@ def suite(rank: int, world: int, init_file: str) -> None:
     dist.destroy_process_group()
 
 
+def properties(rank: int, world: int, init_file: str) -> None:
+    """Hypothesis properties of the host backend, every rank drawing the same examples
+    (derandomized, no example database: the ranks must call their collectives in step): for any
+    shape, dtype and max_size, all_reduce equals torch.distributed.all_reduce exactly on
+    integer-valued inputs (the custom path, or the fallback above max_size), and the result is the
+    same on every rank. A failing example fails on every rank (the same comparison)."""
+    _init(rank, world, init_file)
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from kiln.comm import CustomAllReduce
+
+    comms = {size: CustomAllReduce(None, "cpu", max_size=size, timeout=30) for size in (64, 1000, MAX_SIZE)}
+
+    @settings(
+        max_examples=40,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(
+        shape=st.lists(st.integers(0, 40), min_size=0, max_size=3),
+        dtype=st.sampled_from(DTYPES),
+        size=st.sampled_from(sorted(comms)),
+        transpose=st.booleans(),
+        seed=st.integers(0, 1 << 20),
+    )
+    def check(shape, dtype, size, transpose, seed):
+        numel = 1
+        for d in shape:
+            numel *= d
+        x = _ints(max(numel, 1), dtype, seed=seed + 7919 * rank)[:numel].view(shape)
+        if transpose and x.dim() >= 2:
+            x = x.transpose(0, 1)  # a non-contiguous input
+        got = comms[size].all_reduce(x)
+        ref = _torch_all_reduce(x.contiguous())
+        assert got.shape == x.shape and got.dtype == dtype
+        assert torch.equal(got, ref), f"shape {shape} {dtype} max_size {size}"
+        _same_on_every_rank(got, world)
+
+    check()
+    for comm in comms.values():
+        comm.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def dying_rank(rank: int, world: int, init_file: str, results) -> None:
     """The last rank exits after one collective, mid-way through the second one's calls; the others
     must raise a TimeoutError naming it within their timeout. Reports (rank, outcome) to `results`."""

@@ -52,6 +52,11 @@ def test_host_all_reduce_every_case(world, tmp_path):
     tmp.spawn(comm_workers.suite, args=(world, str(tmp_path / "rendezvous")), nprocs=world, join=True)
 
 
+def test_host_all_reduce_properties(tmp_path):
+    """Hypothesis over shapes, dtypes, strides and max_size (the fallback included), at 3 ranks."""
+    tmp.spawn(comm_workers.properties, args=(3, str(tmp_path / "rendezvous")), nprocs=3, join=True)
+
+
 def test_a_rank_that_dies_mid_collective_makes_the_others_time_out(tmp_path):
     ctx = multiprocessing.get_context("spawn")
     results = ctx.SimpleQueue()  # written at once: the ranks end with os._exit
