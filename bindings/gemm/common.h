@@ -1,7 +1,8 @@
-// What the //ops/gemm launchers (mm.cc, fp8.cc, grouped.cc) share: matrix views of 2-D and 3-D
-// tensors in either layout, the output checks, the tactic choice (gemm.h: choose_tactic, with the
-// blocklist as a bit mask over tactic indices) and its per-tactic launch counts, and the exports
-// every gemm module carries (tactic names, error texts, the timestamp launcher).
+// What the //ops/gemm launchers (mm.cc, fp8.cc, grouped.cc, fp8_grouped.cc) share: matrix views of
+// 2-D and 3-D tensors in either layout, fp8 scales and uint8 operands standing for fp8, grouped
+// index arrays, the output checks, the tactic choice (gemm.h: choose_tactic, with the blocklist
+// as a bit mask over tactic indices) and its per-tactic launch counts, and the exports every gemm
+// module carries (tactic names, error texts, the timestamp launcher).
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -53,6 +54,41 @@ inline std::string strides_str(const TensorView& t) {
   std::string s = "[";
   for (int i = 0; i < t.ndim; ++i) s += (i ? ", " : "") + std::to_string(t.strides[i]);
   return s + "]";
+}
+
+// The float32 scales of an fp8 GEMM (fp8.cc, fp8_grouped.cc): any shape and strides, on ref's device.
+inline TensorView scale_view(py::handle obj, const char* name, const TensorView& ref) {
+  TensorView t = view_of(obj, name);
+  check_same_device(t, ref);
+  check_dtype(t, kFloat32, "scales are float32");
+  check_element_aligned(t, 4);
+  return t;
+}
+
+// `as` ("e4m3", "e5m2", or "" for none): a uint8 view of an fp8 operand stands for that type (a
+// torch whose DLPack export has no fp8 codes; kiln/gemm.py passes it only then).
+inline void reinterpret(TensorView& t, const std::string& as) {
+  if (as.empty()) return;
+  if (as != "e4m3" && as != "e5m2") value_error(t.name + "_as must be '', 'e4m3' or 'e5m2', got '" + as + "'");
+  if (t.dtype != dl::DataType{dl::kUInt, 8, 1}) {
+    type_error(t.name + " must be a uint8 view when " + t.name + "_as is given, got " + dtype_str(t.dtype));
+  }
+  t.dtype = as == "e4m3" ? kE4M3 : kE5M2;
+}
+
+// A grouped GEMM's index array (bounds, weight indices): 1-D int32 or int64, contiguous, on ref's
+// device; `type` receives which.
+inline TensorView index_view(py::handle obj, const char* name, const TensorView& ref, kg::IndexType* type) {
+  TensorView t = view_of(obj, name);
+  check_same_device(t, ref);
+  if (t.dtype != kInt32 && t.dtype != kInt64) {
+    type_error(std::string(name) + ".dtype must be int32 or int64, got " + dtype_str(t.dtype));
+  }
+  check_ndim(t, 1, 1);
+  check_last_contiguous(t);
+  check_element_aligned(t, t.dtype.bits / 8);
+  *type = t.dtype == kInt32 ? kg::IndexType::kInt32 : kg::IndexType::kInt64;
+  return t;
 }
 
 // The last two dimensions of a 2-D or 3-D view as the kernels address them: element (r, c) of

@@ -35,14 +35,6 @@ struct Problem {
   TensorView a, b, out, a_scale, b_scale;
 };
 
-TensorView scale_view(py::handle obj, const char* name, const TensorView& ref) {
-  TensorView t = kb::view_of(obj, name);
-  kb::check_same_device(t, ref);
-  kb::check_dtype(t, kFloat32, "scales are float32");
-  kb::check_element_aligned(t, 4);
-  return t;
-}
-
 // A groupwise scale tensor of shape [d0, d1]: its strides along (d0, d1).
 void check_scale_shape(const TensorView& t, int64_t d0, int64_t d1, const std::string& shape, const std::string& mode) {
   if (t.ndim != 2 || t.size(0) != d0 || t.size(1) != d1) {
@@ -52,15 +44,6 @@ void check_scale_shape(const TensorView& t, int64_t d0, int64_t d1, const std::s
 }
 
 // A uint8 view standing for an fp8 operand: its dtype as the kernels read it.
-void reinterpret(TensorView& t, const std::string& as) {
-  if (as.empty()) return;
-  if (as != "e4m3" && as != "e5m2") kb::value_error(t.name + "_as must be '', 'e4m3' or 'e5m2', got '" + as + "'");
-  if (t.dtype != kiln::dl::DataType{kiln::dl::kUInt, 8, 1}) {
-    kb::type_error(t.name + " must be a uint8 view when " + t.name + "_as is given, got " + kb::dtype_str(t.dtype));
-  }
-  t.dtype = as == "e4m3" ? kE4M3 : kE5M2;
-}
-
 Problem problem(py::handle a_obj, py::handle b_obj, py::handle out_obj, py::handle as_obj, py::handle bs_obj,
                 const std::string& mode, const std::string& a_as, const std::string& b_as) {
   if (mode != "tensor" && mode != "MN" && mode != "K") {

@@ -36,14 +36,6 @@ struct Problem {
   TensorView a, b, out, bounds, a_scale, b_scale;
 };
 
-TensorView scale_view(py::handle obj, const char* name, const TensorView& ref) {
-  TensorView t = kb::view_of(obj, name);
-  kb::check_same_device(t, ref);
-  kb::check_dtype(t, kFloat32, "scales are float32");
-  kb::check_element_aligned(t, 4);
-  return t;
-}
-
 void check_scale_shape(const TensorView& t, std::initializer_list<int64_t> dims, const std::string& shape,
                        const std::string& mode) {
   bool ok = t.ndim == int(dims.size());
@@ -59,28 +51,6 @@ void check_scale_shape(const TensorView& t, std::initializer_list<int64_t> dims,
     kb::value_error(t.name + " must be " + shape + " = " + want + " for scale_major_mode '" + mode + "', got shape " +
                     t.shape_str());
   }
-}
-
-void reinterpret(TensorView& t, const std::string& as) {
-  if (as.empty()) return;
-  if (as != "e4m3") kb::value_error(t.name + "_as must be '' or 'e4m3', got '" + as + "'");
-  if (t.dtype != kiln::dl::DataType{kiln::dl::kUInt, 8, 1}) {
-    kb::type_error(t.name + " must be a uint8 view when " + t.name + "_as is given, got " + kb::dtype_str(t.dtype));
-  }
-  t.dtype = kE4M3;
-}
-
-kb::TensorView index_view(py::handle obj, const char* name, const TensorView& ref, kg::IndexType* type) {
-  TensorView t = kb::view_of(obj, name);
-  kb::check_same_device(t, ref);
-  if (t.dtype != kInt32 && t.dtype != kInt64) {
-    kb::type_error(std::string(name) + ".dtype must be int32 or int64, got " + kb::dtype_str(t.dtype));
-  }
-  kb::check_ndim(t, 1, 1);
-  kb::check_last_contiguous(t);
-  kb::check_element_aligned(t, t.dtype.bits / 8);
-  *type = t.dtype == kInt32 ? kg::IndexType::kInt32 : kg::IndexType::kInt64;
-  return t;
 }
 
 Problem problem(py::handle a_obj, py::handle b_obj, py::handle out_obj, py::handle bounds_obj, bool ends,

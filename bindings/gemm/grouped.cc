@@ -33,19 +33,6 @@ struct Problem {
   TensorView x, w, out, bounds, indices;
 };
 
-TensorView index_view(py::handle obj, const char* name, const TensorView& ref, kg::IndexType* type) {
-  TensorView t = kb::view_of(obj, name);
-  kb::check_same_device(t, ref);
-  if (t.dtype != kInt32 && t.dtype != kInt64) {
-    kb::type_error(std::string(name) + ".dtype must be int32 or int64, got " + kb::dtype_str(t.dtype));
-  }
-  kb::check_ndim(t, 1, 1);
-  kb::check_last_contiguous(t);
-  kb::check_element_aligned(t, t.dtype.bits / 8);
-  *type = t.dtype == kInt32 ? kg::IndexType::kInt32 : kg::IndexType::kInt64;
-  return t;
-}
-
 Problem problem(py::handle x_obj, py::handle w_obj, py::handle out_obj, py::handle bounds_obj, bool ends,
                 py::handle indices_obj) {
   Problem pr;
