@@ -76,12 +76,11 @@ def _reference(inp, which: str):
     return out
 
 
-def _kiln(inp, which: str, workspace):
+def _plan(w, inp, which: str):
+    """Plan wrapper `w` (kiln's or FlashInfer's: the same arguments) for input set `inp`'s cache
+    `which`; (q, cache, the run's scale arguments)."""
     import torch
 
-    import kiln
-
-    w = kiln.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
     kv_dtype = torch.float8_e4m3fn if which == "fp8" else torch.bfloat16
     w.plan(
         inp["indptr"],
@@ -95,8 +94,17 @@ def _kiln(inp, which: str, workspace):
         kv_data_type=kv_dtype,
     )
     scales = {"k_scale": inp["k_scale"], "v_scale": inp["v_scale"]} if which == "fp8" else {}
-    out = torch.full_like(inp["q"], float("nan"))
-    q, cache = inp["q"], inp[which]
+    return inp["q"], inp[which], scales
+
+
+def _kiln(inp, which: str, workspace):
+    import torch
+
+    import kiln
+
+    w = kiln.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+    q, cache, scales = _plan(w, inp, which)
+    out = torch.full_like(q, float("nan"))
     return out, lambda: w.run(q, cache, out=out, **scales)
 
 
@@ -105,20 +113,7 @@ def _flashinfer(inp, which: str, workspace):
     import torch
 
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=False)
-    kv_dtype = torch.float8_e4m3fn if which == "fp8" else torch.bfloat16
-    w.plan(
-        inp["indptr"],
-        inp["indices"],
-        inp["last_page_len"],
-        HQ,
-        HK,
-        D,
-        PAGE,
-        q_data_type=torch.bfloat16,
-        kv_data_type=kv_dtype,
-    )
-    q, cache = inp["q"], inp[which]
-    scales = {"k_scale": inp["k_scale"], "v_scale": inp["v_scale"]} if which == "fp8" else {}
+    q, cache, scales = _plan(w, inp, which)
     out = torch.empty_like(q)
 
     def run():
