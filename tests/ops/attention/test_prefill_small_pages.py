@@ -227,21 +227,8 @@ def test_a_q_stride_tma_rejects_falls_back_or_fails_strict(kiln_env):
     kv_lens = [50, 129]
     batch = make_paged(kv_lens, 8, HK, 128, BF16, "cuda", gen=gen)
     q = rand((sum(kv_lens), 1, 128), BF16, "cuda", gen).expand(sum(kv_lens), HQ, 128)
-    qo_indptr, out, lse = run_paged(
-        "cuda",
-        "fa3",
-        batch.k_cache,
-        batch.v_cache,
-        batch.indptr,
-        batch.indices,
-        batch.last_page_len,
-        kv_lens,
-        q,
-        8,
-        "NHD",
-        True,
-        BF16,
-    )
+    cache = (batch.k_cache, batch.v_cache, batch.indptr, batch.indices, batch.last_page_len)
+    qo_indptr, out, lse = run_paged("cuda", "fa3", *cache, kv_lens, q, 8, "NHD", True, BF16)
     check_requests(batch.keys, qo_indptr, q, out, lse, True, BF16)
     kiln_env.set("KILN_PREFILL_FA3_STRICT", "1")
     with pytest.raises(
@@ -249,21 +236,7 @@ def test_a_q_stride_tma_rejects_falls_back_or_fails_strict(kiln_env):
         match=r"KILN_PREFILL_FA3_STRICT=1\): q is not 16-byte aligned or has a stride "
         r"TMA cannot take \(q_stride_n 128, q_stride_h 0 elements\)",
     ):
-        run_paged(
-            "cuda",
-            "fa3",
-            batch.k_cache,
-            batch.v_cache,
-            batch.indptr,
-            batch.indices,
-            batch.last_page_len,
-            kv_lens,
-            q,
-            8,
-            "NHD",
-            True,
-            BF16,
-        )
+        run_paged("cuda", "fa3", *cache, kv_lens, q, 8, "NHD", True, BF16)
 
 
 @pytest.mark.parametrize("device", device_params())
