@@ -20,7 +20,7 @@ The ragged wrapper takes k, v [total_kv, num_kv_heads, head_dim] (NHD) packed by
 runs the paged kernel with one-token pages. run(k_scale=, v_scale=) scales any cache as FlashInfer
 does (logits use k * k_scale, the output v * v_scale). The paged wrapper also reads an fp8 E4M3
 cache (plan(kv_data_type=torch.float8_e4m3fn)): each run gathers the plan's pages into a compact
-16-bit copy (E4M3 is exact in f16 and bf16) that the kernels read (_attention.Fp8PageStaging).
+16-bit copy (E4M3 is exact in f16 and bf16) that the kernels read (_Fp8PageStaging).
 plan() reads the index arrays on the host (a sync), schedules 128-query tiles longest-first, and is
 reused by run() for every layer.
 """
@@ -58,6 +58,47 @@ def schedule(qo_len: torch.Tensor, kv_len: torch.Tensor, causal: bool, queries_p
         work = kv_len[request]
     order = torch.sort(work, descending=True, stable=True).indices
     return request[order].to(torch.int32), q_start[order].to(torch.int32)
+
+
+class _Fp8PageStaging:
+    """Prefill over an fp8 E4M3 cache: the plan's pages gathered, in page-table order, into a
+    compact cache of the query's 16-bit dtype that the prefill kernels read, with the identity
+    page table. E4M3 values are exact in f16 and bf16, so the staged cache holds the fp8 values
+    themselves; k_scale folds into sm_scale and v_scale multiplies the output. Costs a gather and
+    a widening pass over the request's pages per call (about 5x the fp8 bytes of traffic: 1.22x
+    the bf16 cache's time at 16 x 2048 causal on the H200, docs/perf/decode-fp8.md); the buffers
+    are the plan's, reused by every layer's run. The
+    page ids are checked on the host against each cache before the gather reads through them."""
+
+    def __init__(self, indices: torch.Tensor, dtype: torch.dtype, api: str):
+        self.indices = indices  # the plan's device copy of the page ids, in page-table order
+        self.host_ids = indices.to("cpu", torch.int64)  # plan time: it syncs anyway
+        self.lo = int(self.host_ids.min()) if self.host_ids.numel() else 0
+        self.hi = int(self.host_ids.max()) if self.host_ids.numel() else -1
+        self.dtype, self.api = dtype, api
+        self.pages = torch.arange(indices.numel(), dtype=torch.int32, device=indices.device)
+        self._buffers: tuple | None = None
+
+    def _check(self, num_pages: int) -> None:
+        if self.lo < 0 or self.hi >= num_pages:
+            bad = int(torch.nonzero((self.host_ids < 0) | (self.host_ids >= num_pages))[0])
+            raise IndexError(f"{self.api}.run: paged_kv_indices[{bad}] = {int(self.host_ids[bad])} is not "
+                             f"a page of the cache (valid page ids: [0, {num_pages}))")
+
+    def stage(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self._check(k_cache.shape[0])
+        shape = (self.indices.numel(), *k_cache.shape[1:])
+        if self._buffers is None or self._buffers[0].shape != shape:
+            dev = k_cache.device
+            raw = [torch.empty(shape, dtype=torch.uint8, device=dev) for _ in range(2)]
+            wide = [torch.empty(shape, dtype=self.dtype, device=dev) for _ in range(2)]
+            self._buffers = (*raw, *wide)
+        raw_k, raw_v, k16, v16 = self._buffers
+        torch.index_select(k_cache.view(torch.uint8), 0, self.indices, out=raw_k)  # a byte gather
+        torch.index_select(v_cache.view(torch.uint8), 0, self.indices, out=raw_v)
+        k16.copy_(raw_k.view(_attention.FP8_KV))
+        v16.copy_(raw_v.view(_attention.FP8_KV))
+        return k16, v16
 
 
 class _PrefillPlan:
@@ -310,7 +351,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
         indptr_d = _attention.device_copy(paged_kv_indptr, self._device)
         indices_d = _attention.device_copy(paged_kv_indices, self._device)
         nnz = int(paged_kv_indptr[-1])
-        self._fp8 = _attention.Fp8PageStaging(indices_d[:nnz], q_dtype, self.API) if fp8 else None
+        self._fp8 = _Fp8PageStaging(indices_d[:nnz], q_dtype, self.API) if fp8 else None
         self._pages = _page_table(indptr_d, self._fp8.pages if fp8 else indices_d)
         self._page_size = page_size
 
