@@ -1,7 +1,7 @@
 """Paged decode over an fp8 E4M3 KV cache against the bf16 cache it was quantised from, on one GPU.
 
     python benchmarks/decode_fp8.py [--workloads 64x4096 256x2048 1x4096 1x32768] [--peers]
-                                    [--out decode_fp8.jsonl]
+                                    [--min-chunk 256 128] [--out decode_fp8.jsonl]
 
 Llama-3.1-8B attention (GQA 32/8, head_dim 128), page 16, bf16 queries. Each workload holds
 several input sets (fresh random caches, pages handed out in random order), enough that the
@@ -11,9 +11,12 @@ per tensor (scale = absmax / 448), so both backends read the same values up to E
 Per workload and backend: a reference check first (NaN-filled output against the float32
 reference on what the backend reads: the bf16 cache, or the fp8 cache times its scales, at the
 bf16 decode tolerance), then the harness's timer (benchmarks/timing.py: CUDA events, 30
-measurements of ~2 ms each) eager and replaying a CUDA graph. `--peers` adds FlashInfer 0.7's
-decode wrapper on the same fp8 cache (k_scale / v_scale) where it imports. The floor is the
-cache bytes read / 4.3 TB/s.
+measurements of ~2 ms each) eager and replaying a CUDA graph. torch's SDPA runs on the bf16 K/V
+gathered into contiguous [batch, kv_heads, kv_len, head_dim] tensors (what a user without a paged
+kernel would run). `--peers` adds FlashInfer 0.7's decode wrapper on both caches (k_scale /
+v_scale) where it imports. `--min-chunk` times kiln once per split-KV minimum chunk (the
+schedule's MIN_CHUNK; the first value is also the one the other backends' rows go with). The
+floor is the cache bytes read / 4.3 TB/s.
 """
 
 from __future__ import annotations
@@ -97,15 +100,37 @@ def _plan(w, inp, which: str):
     return inp["q"], inp[which], scales
 
 
-def _kiln(inp, which: str, workspace):
+def _kiln(inp, which: str, workspace, min_chunk: int | None = None):
     import torch
 
     import kiln
+    from kiln import _decode_schedule
 
     w = kiln.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
-    q, cache, scales = _plan(w, inp, which)
+    default = _decode_schedule.MIN_CHUNK
+    _decode_schedule.MIN_CHUNK = min_chunk or default
+    try:
+        q, cache, scales = _plan(w, inp, which)
+    finally:
+        _decode_schedule.MIN_CHUNK = default
     out = torch.full_like(q, float("nan"))
     return out, lambda: w.run(q, cache, out=out, **scales)
+
+
+def _sdpa(inp, which: str, workspace):
+    import torch
+    import torch.nn.functional as F
+
+    from benchmarks.routines.attention import dense_kv
+
+    k, v = dense_kv({**inp, "paged_kv_cache": inp["bf16"], "page_size": PAGE})
+    q = inp["q"].unsqueeze(2)
+    out = torch.empty_like(inp["q"])
+
+    def run():
+        out.copy_(F.scaled_dot_product_attention(q, k, v, enable_gqa=True).squeeze(2))
+
+    return out, run
 
 
 def _flashinfer(inp, which: str, workspace):
@@ -129,7 +154,7 @@ def _measure(batch: int, kv_len: int, sets: list, backends: list, graphs: bool) 
 
     rows = []
     kv_bytes = {"bf16": batch * kv_len * HK * D * 2 * 2, "fp8": batch * kv_len * HK * D * 2}
-    for name, which, make in backends:
+    for name, which, make, min_chunk in backends:
         workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
         runs = []
         for i, inp in enumerate(sets):
@@ -161,6 +186,7 @@ def _measure(batch: int, kv_len: int, sets: list, backends: list, graphs: bool) 
                     "page_size": PAGE,
                     "backend": name,
                     "kv_cache": which,
+                    "min_chunk": min_chunk,
                     "cuda_graph": cuda_graph,
                     "median_us": med,
                     "p10_us": us[len(us) // 10],
@@ -187,17 +213,28 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", nargs="+", default=["64x4096", "256x2048", "1x4096", "1x32768"])
     ap.add_argument("--peers", action="store_true", help="also FlashInfer's decode on the same caches")
+    ap.add_argument("--min-chunk", nargs="+", type=int, default=[])
+    ap.add_argument("--no-sdpa", action="store_true", help="leave torch's SDPA out")
     ap.add_argument("--out")
     args = ap.parse_args()
+    import functools
+
     import torch
 
+    from kiln import _decode_schedule
+
     gen = torch.Generator(device="cuda").manual_seed(0)
-    backends = [("kiln", "bf16", _kiln), ("kiln", "fp8", _kiln)]
+    chunks = args.min_chunk or [_decode_schedule.MIN_CHUNK]
+    backends = [
+        ("kiln", which, functools.partial(_kiln, min_chunk=c), c) for c in chunks for which in ("bf16", "fp8")
+    ]
+    if not args.no_sdpa:
+        backends.append(("torch_sdpa", "bf16", _sdpa, None))
     if args.peers:
         try:
             import flashinfer  # noqa: F401
 
-            backends += [("flashinfer", "bf16", _flashinfer), ("flashinfer", "fp8", _flashinfer)]
+            backends += [("flashinfer", "bf16", _flashinfer, None), ("flashinfer", "fp8", _flashinfer, None)]
         except ImportError as e:
             print(f"# flashinfer not importable: {e}", flush=True)
     for spec in args.workloads:

@@ -3,9 +3,11 @@
 // swapped pair of arguments is an error, never a silent mix-up.
 //
 //   decode(*, q, k_cache, v_cache, kv_layout, page_indptr, page_indices, work_request,
-//          work_token_begin, work_token_end, work_out_index, merge_request, merge_indptr, out,
-//          lse, partial_out, partial_lse, sm_scale, soft_cap, k_scale=1, v_scale=1, errors=0,
-//          stream=0)
+//          work_token_begin, work_token_end, work_out_index, work_merge_index, merge_request,
+//          merge_indptr, merge_counter, out, lse, partial_out, partial_lse, sm_scale, soft_cap,
+//          k_scale=1, v_scale=1, errors=0, stream=0)
+//   merge_counter: int32, at least merge entries x CTAs per work item, zero before the first
+//   launch (the kernel leaves it zero)
 //   k_cache/v_cache: of the module's kv_dtype (its dtype, or fp8 E4M3); logits use k * k_scale, out
 //   v * v_scale
 //   errors: the address of the device's index-error record (kiln/errors.py), 0 on the CPU
@@ -27,9 +29,10 @@ using kb::value_error;
 
 void decode(py::handle q_obj, py::handle k_obj, py::handle v_obj, const std::string& layout, py::handle indptr_obj,
             py::handle indices_obj, py::handle work_request, py::handle work_begin, py::handle work_end,
-            py::handle work_out, py::handle merge_request, py::handle merge_indptr, py::handle out_obj,
-            py::handle lse_obj, py::handle partial_out_obj, py::handle partial_lse_obj, double sm_scale,
-            double soft_cap, double k_scale, double v_scale, uintptr_t errors, uintptr_t stream) {
+            py::handle work_out, py::handle work_merge, py::handle merge_request, py::handle merge_indptr,
+            py::handle merge_counter, py::handle out_obj, py::handle lse_obj, py::handle partial_out_obj,
+            py::handle partial_lse_obj, double sm_scale, double soft_cap, double k_scale, double v_scale,
+            uintptr_t errors, uintptr_t stream) {
   const TensorView q = elem_view(q_obj, "q", 3, nullptr);
   const TensorView indptr = index_view(indptr_obj, "indptr", q);
   const TensorView indices = index_view(indices_obj, "indices", q);
@@ -42,10 +45,19 @@ void decode(py::handle q_obj, py::handle k_obj, py::handle v_obj, const std::str
   }
   const TensorView wr = index_view(work_request, "work_request", q), wb = index_view(work_begin, "work_token_begin", q);
   const TensorView we = index_view(work_end, "work_token_end", q), wo = index_view(work_out, "work_out_index", q);
+  const TensorView wm = index_view(work_merge, "work_merge_index", q);
   const TensorView mr = index_view(merge_request, "merge_request", q);
   const TensorView mi = index_view(merge_indptr, "merge_indptr", q);
-  for (const TensorView* t : {&wb, &we, &wo}) kb::check_same_shape(*t, wr);
+  const TensorView mc = index_view(merge_counter, "merge_counter", q);
+  for (const TensorView* t : {&wb, &we, &wo, &wm}) kb::check_same_shape(*t, wr);
   if (mi.size(0) != mr.size(0) + 1) value_error("merge_indptr must have merge_request.shape[0] + 1 entries");
+  const int64_t group = num_qo_heads / cache.num_kv_heads;  // check_heads: a whole multiple
+  const int64_t ctas_per_item = cache.num_kv_heads * (group / kiln::attention::heads_per_cta(group));
+  if (mc.size(0) < mr.size(0) * ctas_per_item) {
+    value_error("merge_counter has " + std::to_string(mc.size(0)) + " entries; " + std::to_string(mr.size(0)) +
+                " merge entries x " + std::to_string(ctas_per_item) + " CTAs per work item need " +
+                std::to_string(mr.size(0) * ctas_per_item));
+  }
   TensorView out = out_view(out_obj, "out", 3, q);
   kb::check_same_shape(out, q);
   kiln::attention::DecodeParams p{};
@@ -64,6 +76,9 @@ void decode(py::handle q_obj, py::handle k_obj, py::handle v_obj, const std::str
         pl.stride(0) != num_qo_heads) {
       value_error("partial_out/partial_lse must be contiguous [slots, num_qo_heads, head_dim] / [slots, num_qo_heads]");
     }
+    if (reinterpret_cast<uintptr_t>(po.data) % 16 != 0) {  // the in-launch merge reads it in float4s
+      value_error("partial_out (the float workspace buffer's start) must be 16-byte aligned");
+    }
     p.partial_out = static_cast<float*>(po.data);
     p.partial_lse = static_cast<float*>(pl.data);
   }
@@ -79,10 +94,12 @@ void decode(py::handle q_obj, py::handle k_obj, py::handle v_obj, const std::str
   p.work_token_begin = ptr<int32_t>(wb);
   p.work_token_end = ptr<int32_t>(we);
   p.work_out_index = ptr<int32_t>(wo);
+  p.work_merge_index = ptr<int32_t>(wm);
   p.work_capacity = wr.size(0);
   p.merge_request = ptr<int32_t>(mr);
   p.merge_indptr = ptr<int32_t>(mi);
   p.merge_capacity = mr.size(0);
+  p.merge_counter = static_cast<int32_t*>(mc.data);
   p.out = out.data;
   p.out_stride_b = out.stride(0);
   p.out_stride_h = out.stride(1);
@@ -109,8 +126,8 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
         "query heads per CTA for a GQA group of this size (the decode schedule counts CTAs with it)");
   m.def("decode", &decode, py::kw_only(), py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("kv_layout"),
         py::arg("page_indptr"), py::arg("page_indices"), py::arg("work_request"), py::arg("work_token_begin"),
-        py::arg("work_token_end"), py::arg("work_out_index"), py::arg("merge_request"), py::arg("merge_indptr"),
-        py::arg("out"), py::arg("lse"), py::arg("partial_out"), py::arg("partial_lse"), py::arg("sm_scale"),
-        py::arg("soft_cap"), py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0, py::arg("errors") = 0,
-        py::arg("stream") = 0);
+        py::arg("work_token_end"), py::arg("work_out_index"), py::arg("work_merge_index"), py::arg("merge_request"),
+        py::arg("merge_indptr"), py::arg("merge_counter"), py::arg("out"), py::arg("lse"), py::arg("partial_out"),
+        py::arg("partial_lse"), py::arg("sm_scale"), py::arg("soft_cap"), py::arg("k_scale") = 1.0,
+        py::arg("v_scale") = 1.0, py::arg("errors") = 0, py::arg("stream") = 0);
 }

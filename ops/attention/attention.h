@@ -94,12 +94,17 @@ struct DecodeParams {
   const int32_t* work_request;
   const int32_t* work_token_begin;
   const int32_t* work_token_end;
-  const int32_t* work_out_index;  // -1: write out/lse directly; else the partial slot
+  const int32_t* work_out_index;    // -1: write out/lse directly; else the partial slot
+  const int32_t* work_merge_index;  // -1: not split; else the item's merge entry m
   int64_t work_capacity;
   // Merge list: request merge_request[m] combines partial slots [merge_indptr[m], merge_indptr[m+1]).
   const int32_t* merge_request;
   const int32_t* merge_indptr;
   int64_t merge_capacity;
+  // [merge_capacity][CTAs per work item] arrival counts, all zero between launches: on CUDA the
+  // last CTA of a split request to finish merges its slots and zeroes the count (so the same
+  // buffer serves every later launch and CUDA-graph replay). The host backend does not use it.
+  int32_t* merge_counter;
   void* out;  // [batch, num_qo_heads, head_dim], the dtype of q
   int64_t out_stride_b, out_stride_h;
   float* lse;  // [batch, num_qo_heads] or null
@@ -276,7 +281,7 @@ KILN_HOST_DEVICE void token_position(const PositionsParams& p, int64_t i, int64_
 }
 
 // The split-KV merge of a decode call: its float32 partial slots [slots, num_qo_heads, head_dim]
-// merged per request into out/lse (both backends build it here).
+// merged per request into out/lse (the host backend's; CUDA merges inside the decode launch).
 inline MergeParams decode_merge_params(const DecodeParams& d, int64_t head_dim) {
   MergeParams m{};
   m.v = d.partial_out;

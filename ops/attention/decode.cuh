@@ -10,7 +10,8 @@
 // ldmatrix is conflict free). Per tile: S = Q K^T (ldmatrix.x4 on K), scale / soft-cap / mask,
 // online softmax on the C fragments (one max per row per tile, quad shuffles), P packed to 16-bit
 // in registers as the A operand of O += P V (ldmatrix.x4.trans on V). At the end the four warps'
-// states merge through shared memory into out/lse, or a float32 partial slot (split-KV).
+// states merge through shared memory into out/lse, or a float32 partial slot (split-KV), which
+// the request's last CTA to finish merges (merge_if_last).
 // An fp8 E4M3 cache (KV = e4m3_t) is staged as bytes and converted at the MMAs, which then run on
 // f16 operands: the query is scaled (sm_scale x k_scale, in float32) and rounded to f16 once, P is
 // packed to f16 (kv_fp8.cuh has the fragment orders). Every cache's k_scale and v_scale apply
@@ -26,7 +27,6 @@
 
 #include "ops/attention/attention.h"
 #include "ops/attention/kv_fp8.cuh"
-#include "ops/attention/merge.cuh"
 #include "ops/attention/online_softmax.cuh"
 #include "ops/attention/state.h"
 #include "ops/common/async_copy.cuh"
@@ -39,6 +39,8 @@ namespace kiln::attention {
 
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = 32 * kDecodeWarps;
+// The in-launch split-KV merge (merge_if_last): slots a thread loads at once.
+constexpr int kMergeBatch = 16;
 
 // KV: the cache's element type (16-bit, or 8-bit E4M3).
 template <typename KV, int HEAD_DIM>
@@ -69,6 +71,95 @@ struct DecodeShape {
     }
   }
 };
+
+// The split-KV merge inside the decode launch: a CTA that wrote partial slots counts itself in
+// (merge entry, head chunk)'s counter, and the last of the request's CTAs there merges every slot
+// of its query heads into out/lse (the result of merge_states_vec_kernel) and zeroes the counter
+// for the next launch. The barrier, then thread 0's fence (cumulative), orders the CTA's partials
+// before its count; the last CTA's fence after the count orders the others' partials before its
+// loads, which go to L2 (ld.global.cg), where every SM's writes land. The merge is the tail of
+// the launch, so its latency is the batch-1 time: a thread takes 4 dims of one head and loads
+// kMergeBatch slots' lse and partials at once (one L2 round trip for up to kMergeBatch slots),
+// with an online max across batches. A poisoned slot (NaN) makes the merged row NaN. Not
+// inlined, and its arguments by value (a reference to the kernel's parameters would copy them
+// all to local memory at entry): the decode loop's registers stay what they are without it.
+struct SplitMerge {
+  const int32_t* work_merge_index;
+  const int32_t* merge_indptr;
+  int32_t* merge_counter;
+  int64_t merge_capacity, num_qo_heads;
+  const float* partial_out;  // 16-byte aligned (the binding checks)
+  const float* partial_lse;
+  void* out;
+  int64_t out_stride_b, out_stride_h;
+  float* lse;
+  int64_t lse_stride_b;
+};
+
+template <typename T, int HEAD_DIM>
+__device__ __noinline__ void merge_if_last(const SplitMerge p, uint4* smem, int work, int request, int qo_head0,
+                                           int heads) {
+  int* last = reinterpret_cast<int*>(smem);
+  const int m = p.work_merge_index[work];
+  const bool valid = m >= 0 && m < p.merge_capacity;  // else the plan is corrupt: nothing is written
+  __syncthreads();  // every thread's partials written, and the combine buffers this reuses read
+  if (threadIdx.x == 0) {
+    *last = 0;
+    if (valid) {
+      __threadfence();
+      int* counter = p.merge_counter + int64_t(m) * gridDim.y + blockIdx.y;
+      const int pieces = p.merge_indptr[m + 1] - p.merge_indptr[m];
+      if (atomicAdd(counter, 1) == pieces - 1) {
+        *last = 1;
+        *counter = 0;  // every CTA of this entry has arrived: no other access in this launch
+        __threadfence();
+      }
+    }
+  }
+  __syncthreads();
+  if (!*last) return;
+  constexpr int QUADS = HEAD_DIM / 4;  // float4 columns of a head
+  const int first = p.merge_indptr[m], pieces = p.merge_indptr[m + 1] - first;
+  const int64_t lse_stride = p.num_qo_heads, part_stride = p.num_qo_heads * QUADS;  // per slot
+  for (int qd = threadIdx.x; qd < heads * QUADS; qd += kDecodeThreads) {
+    const int row = qd / QUADS, col = (qd % QUADS) * 4, head = qo_head0 + row;
+    const float* lse = p.partial_lse + int64_t(first) * lse_stride + head;
+    const float4* part = reinterpret_cast<const float4*>(p.partial_out) + int64_t(first) * part_stride +
+                         int64_t(head) * QUADS + qd % QUADS;
+    float mx = neg_inf(), sum = 0.0f;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int j0 = 0; j0 < pieces; j0 += kMergeBatch) {
+      float l[kMergeBatch];
+      float4 v[kMergeBatch];
+#pragma unroll
+      for (int u = 0; u < kMergeBatch; ++u) {  // every load of the batch before any use
+        const bool in = j0 + u < pieces;
+        l[u] = in ? __ldcg(lse + int64_t(j0 + u) * lse_stride) : neg_inf();
+        v[u] = in ? __ldcg(part + int64_t(j0 + u) * part_stride) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+      float bm = mx;
+#pragma unroll
+      for (int u = 0; u < kMergeBatch; ++u) bm = fmaxf(bm, l[u]);
+      const float r = scale_from(mx, bm);
+      sum *= r;
+      acc = make_float4(acc.x * r, acc.y * r, acc.z * r, acc.w * r);
+#pragma unroll
+      for (int u = 0; u < kMergeBatch; ++u) {
+        const float w = scale_from(l[u], bm);
+        sum += w;
+        acc = make_float4(acc.x + w * v[u].x, acc.y + w * v[u].y, acc.z + w * v[u].z, acc.w + w * v[u].w);
+      }
+      mx = bm;
+    }
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    T* out = static_cast<T*>(p.out) + request * p.out_stride_b + head * p.out_stride_h + col;
+    out[0] = Convert<T>::from_float(acc.x * inv);
+    out[1] = Convert<T>::from_float(acc.y * inv);
+    out[2] = Convert<T>::from_float(acc.z * inv);
+    out[3] = Convert<T>::from_float(acc.w * inv);
+    if (p.lse != nullptr && col == 0) p.lse[request * p.lse_stride_b + head] = merged_lse(mx, sum);
+  }
+}
 
 template <typename T, typename KV, int HEAD_DIM, bool SOFTCAP>
 __global__ void __launch_bounds__(kDecodeThreads)
@@ -343,6 +434,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
       if (col == 0) p.partial_lse[int64_t(out_index) * p.num_qo_heads + head] = lse;
     }
   }
+  if (out_index >= 0) {
+    const SplitMerge merge{p.work_merge_index, p.merge_indptr, p.merge_counter, p.merge_capacity,
+                           p.num_qo_heads,     p.partial_out,  p.partial_lse,   p.out,
+                           p.out_stride_b,     p.out_stride_h, p.lse,           p.lse_stride_b};
+    merge_if_last<T, HEAD_DIM>(merge, smem, work, request, qo_head0, heads_per_cta);
+  }
 }
 
 template <typename T, typename KV, int HEAD_DIM, bool SOFTCAP>
@@ -364,10 +461,11 @@ Status launch_decode(const DecodeParams& p, LaunchContext ctx) {
   constexpr auto kernel = decode_paged_kernel<T, KV, HEAD_DIM, SOFTCAP>;
   Status st = cuda_status(allow_smem<kernel>(S::kSmemBytes, device), "decode: raising the shared-memory limit");
   if (!st.ok()) return st;
+  if (p.merge_capacity > 0 && p.merge_counter == nullptr) {
+    return Status::Error(1, "decode: a split-KV plan needs its merge_counter buffer");
+  }
   kernel<<<grid, kDecodeThreads, S::kSmemBytes, stream>>>(p, heads, ctx.errors);
-  st = cuda_status(cudaGetLastError(), "decode kernel launch");
-  if (!st.ok() || p.merge_capacity == 0) return st;
-  return launch_merge_decode_partials<T, HEAD_DIM>(p, stream);
+  return cuda_status(cudaGetLastError(), "decode kernel launch");
 }
 
 }  // namespace kiln::attention

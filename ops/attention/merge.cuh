@@ -1,6 +1,6 @@
 // Merging attention states on CUDA (see attention.h and state.h):
-//   merge_states_vec_kernel  S states per row -> one (the split-KV merge of decode, and the public
-//                            merge_states); states may be float32 partials or the module's dtype
+//   merge_states_vec_kernel  S states per row -> one (the public merge_states); states may be
+//                            float32 or the module's dtype
 //   merge_two_kernel         two states per row, optional mask (merge_state, merge_state_in_place):
 //                            one warp per (row, head), each lane VEC consecutive dims
 // float32 arithmetic throughout.
@@ -156,13 +156,6 @@ Status launch_merge_two(const MergeTwoParams& p, LaunchContext ctx) {
   merge_two_kernel<T, HEAD_DIM>
       <<<merge_grid(p.rows, p.num_heads), dim3(32, kMergeWarps), 0, static_cast<cudaStream_t>(ctx.stream)>>>(p);
   return cuda_status(cudaGetLastError(), "merge_state kernel launch");
-}
-
-// The split-KV merge of a decode launch: float32 partial slots -> out/lse (same stream).
-template <typename T, int HEAD_DIM>
-Status launch_merge_decode_partials(const DecodeParams& d, cudaStream_t stream) {
-  const MergeParams p = decode_merge_params(d, HEAD_DIM);
-  return launch_merge_states_vec<float, T, HEAD_DIM>(p, stream, "decode merge");
 }
 
 }  // namespace kiln::attention

@@ -4,11 +4,11 @@ batch by `plan` and reused by every layer's `run`.
 
 The GPU runs one CTA per (item, kv head, head chunk). When the batch alone gives fewer CTAs than
 one full wave (`slots` = SMs x resident CTAs per SM), long requests are cut into chunks of equal
-size so the whole batch fills about one wave; each chunk writes a float32 partial state and a
-merge combines them (flash-decoding). Chunks are at least `MIN_CHUNK` tokens so merging never
-dominates, and a multiple of `CHUNK_ALIGN` tokens. Items are ordered longest first, so the tail
-of a skewed batch is short. The same inputs always give the same schedule (deterministic results
-for the same plan).
+size so the whole batch fills about one wave; each chunk writes a float32 partial state and the
+last CTA of a request's chunks to finish merges them (flash-decoding, inside the one launch).
+Chunks are at least `MIN_CHUNK` tokens so merging never dominates, and a multiple of
+`CHUNK_ALIGN` tokens. Items are ordered longest first, so the tail of a skewed batch is short.
+The same inputs always give the same schedule (deterministic results for the same plan).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class Schedule:
     token_begin: torch.Tensor  # [items] int32
     token_end: torch.Tensor  # [items] int32
     out_index: torch.Tensor  # [items] int32: -1 = write the output directly, else a partial slot
+    merge_index: torch.Tensor  # [items] int32: -1 = not split, else the request's merge entry
     merge_request: torch.Tensor  # [merges] int32
     merge_indptr: torch.Tensor  # [merges + 1] int32: partial slot ranges
     num_slots: int
@@ -73,6 +74,8 @@ def schedule(begin: torch.Tensor, end: torch.Tensor, kv_units: int, slots: int) 
     out_index = torch.full_like(request, -1)
     out_index[split] = torch.arange(int(split.sum()))
     merged = torch.nonzero(pieces > 1).flatten()
+    merge_of = torch.full_like(pieces, -1)
+    merge_of[merged] = torch.arange(merged.numel())
     merge_indptr = torch.zeros(merged.numel() + 1, dtype=torch.int64)
     merge_indptr[1:] = torch.cumsum(pieces[merged], 0)
     # Longest items first; stable, so equal lengths keep their (request, piece) order.
@@ -81,6 +84,7 @@ def schedule(begin: torch.Tensor, end: torch.Tensor, kv_units: int, slots: int) 
     return Schedule(
         request=request[order].to(i32), token_begin=token_begin[order].to(i32),
         token_end=token_end[order].to(i32), out_index=out_index[order].to(i32),
+        merge_index=merge_of[request][order].to(i32),
         merge_request=merged.to(i32), merge_indptr=merge_indptr.to(i32),
         num_slots=int(split.sum()), chunk=chunk,
     )

@@ -117,6 +117,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._use_cuda_graph = use_cuda_graph
         self._plan = None
         self._copy_done = None
+        self._merge_counter = None  # int32, zero between launches (the kernel re-zeroes what it counts)
+        self._retired_counters = []  # outgrown counters a captured CUDA graph may still launch with
         if use_cuda_graph:
             missing = [n for n, b in (("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
                                       ("paged_kv_indices_buffer", paged_kv_indices_buffer),
@@ -137,7 +139,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             self._fixed_batch = paged_kv_indptr_buffer.numel() - 1
             capacity = self._fixed_batch + _slots(self._device)
             self._work_capacity, self._merge_capacity = capacity, self._fixed_batch
-            self._work_buf = torch.empty(4 * capacity + 2 * self._fixed_batch + 1, dtype=torch.int32,
+            self._work_buf = torch.empty(5 * capacity + 2 * self._fixed_batch + 1, dtype=torch.int32,
                                          device=self._device)
 
     @property
@@ -220,13 +222,15 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise RuntimeError(f"{API}.plan: {sched.request.numel()} work items exceed the fixed capacity "
                                f"{work_cap}")
         work = self._upload_work(sched, work_cap, merge_cap, non_blocking)
+        counter = self._counters(merge_cap * units)
         slots = work_cap if self._use_cuda_graph else sched.num_slots
-        need = slots * num_qo_heads * (head_dim + 1) * 4
+        pad = -self._workspace.data_ptr() % 16  # the kernel reads the partials in 16-byte vectors
+        need = pad + slots * num_qo_heads * (head_dim + 1) * 4
         if need > self._workspace.numel():
             raise ValueError(f"{API}.plan: float_workspace_buffer has {self._workspace.numel()} bytes; this "
                              f"plan's split-KV partials need {need} (allocate a larger buffer, e.g. 128 MB)")
         h, d = num_qo_heads, head_dim
-        fws = self._workspace[: slots * h * (d + 1) * 4].view(torch.float32)
+        fws = self._workspace[pad : pad + slots * h * (d + 1) * 4].view(torch.float32)
         partial_out, partial_lse = fws[: slots * h * d].view(slots, h, d), fws[slots * h * d:].view(slots, h)
         # Everything run() passes that the plan owns is converted to DLPack once, here: the binding
         # borrows capsules without consuming them, so run() only converts q, the caches and out.
@@ -234,8 +238,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         soft_cap = logits_soft_cap if logits_soft_cap is not None else 0.0
         owned = dict(page_indptr=indptr_d, page_indices=indices_d, work_request=work["request"],
                      work_token_begin=work["begin"], work_token_end=work["end"],
-                     work_out_index=work["out_index"], merge_request=work["merge_request"],
-                     merge_indptr=work["merge_indptr"])
+                     work_out_index=work["out_index"], work_merge_index=work["merge_index"],
+                     merge_request=work["merge_request"], merge_indptr=work["merge_indptr"],
+                     merge_counter=counter)
         fixed = {k: _jit.dl(t) for k, t in owned.items()}
         fixed.update(kv_layout=self._kv_layout, partial_out=_jit.dl(partial_out),
                      partial_lse=_jit.dl(partial_lse), sm_scale=sm_scale, soft_cap=soft_cap,
@@ -248,13 +253,23 @@ class BatchDecodeWithPagedKVCacheWrapper:
             validate=self._device.type == "cuda" and env.get("KILN_VALIDATE_INDICES"),
         )
 
+    def _counters(self, n: int) -> torch.Tensor:
+        """The split-KV merge counters, at least n int32 on the device, all zero between launches."""
+        buf = self._merge_counter
+        if buf is None or buf.numel() < n:
+            if buf is not None and self._use_cuda_graph:
+                self._retired_counters.append(buf)
+            buf = self._merge_counter = torch.zeros(max(n, 1), dtype=torch.int32, device=self._device)
+        return buf
+
     def _upload_work(self, sched, work_cap: int, merge_cap: int, non_blocking: bool) -> dict:
         """The schedule as int32 device views: padded to the capacities (padding: request -1)."""
-        host = torch.full((4 * work_cap + 2 * merge_cap + 1,), -1, dtype=torch.int32)
+        host = torch.full((5 * work_cap + 2 * merge_cap + 1,), -1, dtype=torch.int32)
         n, m = sched.request.numel(), sched.merge_request.numel()
-        for k, arr in enumerate((sched.request, sched.token_begin, sched.token_end, sched.out_index)):
+        columns = (sched.request, sched.token_begin, sched.token_end, sched.out_index, sched.merge_index)
+        for k, arr in enumerate(columns):
             host[k * work_cap:k * work_cap + n] = arr
-        base = 4 * work_cap
+        base = 5 * work_cap
         host[base:base + m] = sched.merge_request
         indptr = host[base + merge_cap:]
         indptr[:m + 1] = sched.merge_indptr
@@ -272,8 +287,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 dev.copy_(host)
         else:
             dev = host.to(self._device, non_blocking=False)
-        views = [dev[k * work_cap:(k + 1) * work_cap] for k in range(4)]
-        return dict(request=views[0], begin=views[1], end=views[2], out_index=views[3],
+        views = [dev[k * work_cap:(k + 1) * work_cap] for k in range(5)]
+        return dict(request=views[0], begin=views[1], end=views[2], out_index=views[3], merge_index=views[4],
                     merge_request=dev[base:base + merge_cap], merge_indptr=dev[base + merge_cap:])
 
     @logged_api(mutates=("out", "lse"))
@@ -341,11 +356,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
 # The launch as a torch custom op, for compiled graphs: the same binding call, its arguments as
 # tensors (run() calls the binding directly in eager mode, with the plan's prebuilt capsules).
-@custom_op("batch_decode", mutates=("out", "lse", "partial_out", "partial_lse"))
+@custom_op("batch_decode", mutates=("merge_counter", "out", "lse", "partial_out", "partial_lse"))
 def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_layout: str,
                page_indptr: torch.Tensor, page_indices: torch.Tensor, work_request: torch.Tensor,
                work_token_begin: torch.Tensor, work_token_end: torch.Tensor, work_out_index: torch.Tensor,
-               merge_request: torch.Tensor, merge_indptr: torch.Tensor, partial_out: torch.Tensor,
+               work_merge_index: torch.Tensor, merge_request: torch.Tensor, merge_indptr: torch.Tensor,
+               merge_counter: torch.Tensor, partial_out: torch.Tensor,
                partial_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None, sm_scale: float,
                soft_cap: float, k_scale: float, v_scale: float) -> None:
     module = _jit.module(_attention.DECODE, q.device, API + ".run", dtype=q.dtype, kv_dtype=k_cache.dtype,
@@ -354,8 +370,9 @@ def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv
     module.decode(q=dl(q), k_cache=dl(k_cache), v_cache=dl(v_cache), kv_layout=kv_layout,
                   page_indptr=dl(page_indptr), page_indices=dl(page_indices), work_request=dl(work_request),
                   work_token_begin=dl(work_token_begin), work_token_end=dl(work_token_end),
-                  work_out_index=dl(work_out_index), merge_request=dl(merge_request),
-                  merge_indptr=dl(merge_indptr), out=dl(out), lse=None if lse is None else dl(lse),
+                  work_out_index=dl(work_out_index), work_merge_index=dl(work_merge_index),
+                  merge_request=dl(merge_request), merge_indptr=dl(merge_indptr),
+                  merge_counter=dl(merge_counter), out=dl(out), lse=None if lse is None else dl(lse),
                   partial_out=dl(partial_out), partial_lse=dl(partial_lse), sm_scale=sm_scale,
                   soft_cap=soft_cap, k_scale=k_scale, v_scale=v_scale,
                   errors=_attention.error_record(q.device), stream=_jit.stream_of(q.device))

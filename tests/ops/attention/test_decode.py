@@ -147,6 +147,41 @@ def test_split_kv_is_deterministic_and_matches_unsplit(device):
 
 
 @pytest.mark.parametrize("device", device_params())
+def test_a_workspace_at_an_odd_address_serves_a_split_plan(device):
+    """The partial slots are read in 16-byte vectors: the wrapper aligns them inside the buffer."""
+    gen = torch.Generator().manual_seed(11)
+    batch = make_paged([3000], 16, 8, 128, torch.bfloat16, device, gen=gen)
+    q = torch.randn(1, 32, 128, generator=gen).to(device=device, dtype=torch.bfloat16)
+    buf = torch.empty((64 << 20) + 3, dtype=torch.uint8, device=device)[3:]
+    w = kiln.BatchDecodeWithPagedKVCacheWrapper(buf, "NHD")
+    w.plan(batch.indptr, batch.indices, batch.last_page_len, 32, 8, 128, 16, q_data_type=torch.bfloat16)
+    assert w.plan_info["partial_slots"] > 1
+    out, lse = w.run(q, (batch.k_cache, batch.v_cache), return_lse=True)
+    check(batch, q, out, lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hq,hk,kv_lens", [(32, 8, [9000]), (48, 2, [7000, 300, 1]), (64, 8, [4096, 4096])],
+                         ids=["gqa4", "two_head_chunks", "two_requests"])
+def test_split_kv_merges_in_the_launch_and_leaves_its_counters_zero(hq, hk, kv_lens):
+    """The last CTA of a split request merges its partial slots inside the decode launch; its
+    arrival counters return to zero, so every later run (and graph replay) starts clean: repeated
+    runs agree bit for bit with each other and with the reference."""
+    gen = torch.Generator().manual_seed(hq + hk + len(kv_lens))
+    batch = make_paged(kv_lens, 16, hk, 128, torch.bfloat16, "cuda", gen=gen)
+    q = torch.randn(len(kv_lens), hq, 128, generator=gen).to("cuda", torch.bfloat16)
+    out1, lse1, w = run_batch(batch, q, "cuda")
+    assert w.plan_info["partial_slots"] > 1, "the plan must split"
+    counters = w._merge_counter
+    assert counters is not None and int(counters.abs().sum()) == 0
+    for _ in range(3):
+        out, lse = w.run(q, (batch.k_cache, batch.v_cache), return_lse=True)
+        assert torch.equal(out, out1) and torch.equal(lse, lse1)
+    assert int(counters.abs().sum()) == 0
+    check(batch, q, out1, lse1)
+
+
+@pytest.mark.parametrize("device", device_params())
 def test_combined_cache_tensor_and_plan_reuse_across_layers(device):
     gen = torch.Generator().manual_seed(9)
     hq, hk, d, page = 8, 2, 64, 8
@@ -180,7 +215,9 @@ def test_schedule_properties():
     for m, b in enumerate(s.merge_request.tolist()):
         slots = sorted(int(x) for x in s.out_index[s.request == b])
         assert slots == list(range(int(s.merge_indptr[m]), int(s.merge_indptr[m + 1])))
+        assert (s.merge_index[s.request == b] == m).all()  # the entry the request's CTAs count in
     assert int(s.out_index.max()) + 1 == s.num_slots
+    assert torch.equal(s.merge_index < 0, s.out_index < 0)  # unsplit items merge nothing
     big = schedule(torch.zeros(64, dtype=torch.int64), torch.full((64,), 4096), kv_units=8, slots=396)
     assert big.chunk == 0 and big.num_slots == 0  # a full batch is never split
 

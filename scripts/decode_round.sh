@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The fp8 KV cache's GPU round on the device machine (an H200, 16 cores), in one call of at most
-# ~240 s: install kiln (and the peers carried in .peers/ unless PEERS=0), prebuild the decode
-# and append modules (bf16 and f16 queries, 16-bit and e4m3 caches, every head_dim) for this GPU, the
-# attention GPU tests that cover decode and append (fp8 included, compute-sanitizer's cases too),
-# then benchmarks/decode_fp8.py: kiln's bf16 and fp8 caches side by side, eager and CUDA graphs,
-# and FlashInfer's with what time is left. Logs and results go to $OUT and into ONE
-# $OUT/results.tgz:
+# Decode's GPU round on the device machine (an H200, 16 cores), in one call of at most ~240 s:
+# install kiln (and the peers carried in .peers/ unless PEERS=0), prebuild the decode and append
+# modules (bf16 and f16 queries, 16-bit and e4m3 caches, every head_dim) for this GPU, the
+# attention GPU tests that cover decode, append and cascade (fp8 included, compute-sanitizer's
+# cases too), then benchmarks/decode_fp8.py: kiln's bf16 and fp8 caches and torch's SDPA side by
+# side, eager and CUDA graphs, and FlashInfer's with what time is left. Logs and results go to
+# $OUT and into ONE $OUT/results.tgz:
 #
 #   steps.log         each step's start (s since the start), the GPU, and the summaries below
 #   pytest_gpu.log    pytest -m gpu of the decode/append tests (4 xdist workers)
@@ -13,10 +13,11 @@
 #   prefill_fp8.jsonl benchmarks/prefill_fp8.py: paged prefill over the fp8 cache's staged copy
 #   bench.log         the benchmark's progress and errors
 #
-#   bash scripts/fp8_kv_round.sh [pytest args]
+#   bash scripts/decode_round.sh [pytest args]
 #
 # SKIP_TESTS=1 / SKIP_BENCH=1 / SKIP_PEERS=1 leave a step out; WORKLOADS (default "64x4096
-# 256x2048 1x4096 1x32768") picks the decode shapes. DEADLINE (s after the start, default 230)
+# 256x2048 1x4096 1x32768") picks the decode shapes, MIN_CHUNKS (e.g. "256 128") times kiln at
+# each split-KV minimum chunk. DEADLINE (s after the start, default 230)
 # bounds every step after the install: whatever finished is kept.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,19 +25,20 @@ DEADLINE_DEFAULT=230 . scripts/round_common.sh
 WORKLOADS=${WORKLOADS:-"64x4096 256x2048 1x4096 1x32768"}
 TESTS=(tests/ops/attention/test_fp8_kv.py tests/ops/attention/test_decode.py
        tests/ops/attention/test_merge_and_page.py tests/ops/attention/test_sanitizer.py
-       tests/ops/attention/test_index_errors.py tests/ops/attention/test_compile.py)
+       tests/ops/attention/test_index_errors.py tests/ops/attention/test_compile.py
+       tests/ops/attention/test_cascade_attention.py)
 
 nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader \
   2>&1 | sed 's/^/gpu: /' | tee -a "$OUT/steps.log"
 step "install"
 . scripts/device_setup.sh
-install_kiln_and_peers /tmp/fp8_setup.log "$([ -n "${SKIP_PEERS:-}" ] && echo 0 || echo "${PEERS:-1}")"
+install_kiln_and_peers /tmp/decode_setup.log "$([ -n "${SKIP_PEERS:-}" ] && echo 0 || echo "${PEERS:-1}")"
 
 step "prebuild //ops/attention:decode and :page (cuda; the prefill modules the tests use build on first use)"
 for t in //ops/attention:decode //ops/attention:page; do
-  timeout "$(left)" python3 -m codegen build "$t" --toolchain cuda -j 16 >/tmp/fp8_prebuild.log 2>&1 \
-    || { status=1; tail -n 40 /tmp/fp8_prebuild.log; }
-  grep -E "summary" /tmp/fp8_prebuild.log | sed "s|^|$t: |" | tee -a "$OUT/steps.log"
+  timeout "$(left)" python3 -m codegen build "$t" --toolchain cuda -j 16 >/tmp/decode_prebuild.log 2>&1 \
+    || { status=1; tail -n 40 /tmp/decode_prebuild.log; }
+  grep -E "summary" /tmp/decode_prebuild.log | sed "s|^|$t: |" | tee -a "$OUT/steps.log"
 done
 
 if [ -z "${SKIP_TESTS:-}" ]; then
@@ -54,13 +56,14 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     python3 -c "
 import json, sys
 for r in map(json.loads, open(sys.argv[1])):
-    print(r['workload'], r['backend'], r['kv_cache'], 'graph' if r['cuda_graph'] else 'eager',
+    print(r['workload'], r['backend'], r['kv_cache'], r.get('min_chunk') or '', 'graph' if r['cuda_graph'] else 'eager',
           round(r['median_us'], 1), 'us', round(r['tb_per_s'], 2), 'TB/s')
 " "$1" 2>/dev/null | tee -a "$OUT/steps.log"
   }
   step "benchmarks/decode_fp8.py ($WORKLOADS)"
   # shellcheck disable=SC2086
-  timeout "$(left)" python3 benchmarks/decode_fp8.py --workloads $WORKLOADS --out "$OUT/decode_fp8.jsonl" \
+  timeout "$(left)" python3 benchmarks/decode_fp8.py --workloads $WORKLOADS ${MIN_CHUNKS:+--min-chunk $MIN_CHUNKS} \
+    --out "$OUT/decode_fp8.jsonl" \
     </dev/null >>"$OUT/bench.log" 2>&1 || { status=1; tail -n 20 "$OUT/bench.log"; }
   summary "$OUT/decode_fp8.jsonl"
   if [ "$(left)" -gt 20 ]; then
