@@ -67,11 +67,20 @@ __host__ __device__ inline int prefill_heads_per_chunk(int64_t num_qo_heads, int
   return static_cast<int>(s);
 }
 
+// The order itself, its two divisors computed once (a persistent CTA maps many b).
+struct PrefillCtaOrder {
+  uint32_t s, per_chunk;  // heads per chunk, CTAs per chunk
+  __device__ __forceinline__ explicit PrefillCtaOrder(const PrefillParams& p)
+      : s(static_cast<uint32_t>(prefill_heads_per_chunk(p.num_qo_heads, p.num_kv_heads))),
+        per_chunk(static_cast<uint32_t>(p.work_capacity) * s) {}
+  __device__ __forceinline__ PrefillCta operator()(uint32_t b) const {
+    const uint32_t chunk = b / per_chunk, rem = b % per_chunk;
+    return {static_cast<int>(rem / s), static_cast<int>(chunk * s + rem % s)};
+  }
+};
+
 __device__ __forceinline__ PrefillCta prefill_cta(const PrefillParams& p, uint32_t b) {
-  const uint32_t s = static_cast<uint32_t>(prefill_heads_per_chunk(p.num_qo_heads, p.num_kv_heads));
-  const uint32_t per_chunk = static_cast<uint32_t>(p.work_capacity) * s;
-  const uint32_t chunk = b / per_chunk, rem = b % per_chunk;
-  return {static_cast<int>(rem / s), static_cast<int>(chunk * s + rem % s)};
+  return PrefillCtaOrder(p)(b);
 }
 
 // Grid size check shared by both prefill kernels' launchers.
