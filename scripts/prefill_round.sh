@@ -11,6 +11,8 @@
 #   gpu.txt              nvidia-smi's view of the GPU
 #   selftest.log         tests/cuda/prefill_sm90_selftest.cu: every case against a float64
 #                        reference; timings of the issue shape, the KV producers and the grids
+#   selftest_baseline.log  the same of an earlier tree, when .baseline/ holds its ops/ and
+#                        tests/cuda/ (carried beside the tree; not part of it)
 #   prebuild.log         python -m codegen build of the modules
 #   pytest_prefill.log   test_prefill.py, test_prefill_small_pages.py
 #   pytest_checks.log    test_index_errors.py, the prefill cases of test_sanitizer.py
@@ -39,6 +41,13 @@ if [ -z "${SKIP_SELFTEST:-}" ]; then  # compiles beside the prebuild, runs after
   nvcc -std=c++17 -O2 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I. \
     tests/cuda/prefill_sm90_selftest.cu -o /tmp/sm90_selftest >"$OUT/selftest.log" 2>&1 &
   selftest_pid=$!
+  # An earlier tree's self-test (its ops/ and tests/cuda/ carried in .baseline/), run in the same
+  # call: the same shapes timed on the kernel before and after a change.
+  if [ -f .baseline/tests/cuda/prefill_sm90_selftest.cu ]; then
+    (cd .baseline && nvcc -std=c++17 -O2 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I. \
+      tests/cuda/prefill_sm90_selftest.cu -o /tmp/sm90_selftest_baseline) >"$OUT/selftest_baseline.log" 2>&1 &
+    baseline_pid=$!
+  fi
 fi
 
 step "prebuild //ops/attention:prefill for 9.0a (the tests and the benchmarks load from the cache)"
@@ -57,6 +66,11 @@ if [ -n "${selftest_pid:-}" ]; then
     status=1
   fi
   grep -E "FAIL|fail|DIFFER|all ok|TFLOP|identical" "$OUT/selftest.log" | head -n 40 | tee -a "$OUT/steps.log"
+  if [ -n "${baseline_pid:-}" ] && wait "$baseline_pid"; then
+    step "self-test of .baseline/ (the earlier tree)"
+    timeout "$(left_for "$BENCH_RESERVE")" /tmp/sm90_selftest_baseline >>"$OUT/selftest_baseline.log" 2>&1
+    grep -E "all ok|FAIL|TFLOP" "$OUT/selftest_baseline.log" | head -n 20 | tee -a "$OUT/steps.log"
+  fi
 fi
 
 workers=()

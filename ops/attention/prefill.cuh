@@ -71,8 +71,11 @@ __host__ __device__ inline int prefill_heads_per_chunk(int64_t num_qo_heads, int
 struct PrefillCtaOrder {
   uint32_t s, per_chunk;  // heads per chunk, CTAs per chunk
   __device__ __forceinline__ explicit PrefillCtaOrder(const PrefillParams& p)
-      : s(static_cast<uint32_t>(prefill_heads_per_chunk(p.num_qo_heads, p.num_kv_heads))),
-        per_chunk(static_cast<uint32_t>(p.work_capacity) * s) {}
+      : PrefillCtaOrder(p, prefill_heads_per_chunk(p.num_qo_heads, p.num_kv_heads)) {}
+  // Chunks of `heads` heads (a divisor of num_qo_heads); all of them: items in plan order (most
+  // work first), the heads of an item side by side.
+  __device__ __forceinline__ PrefillCtaOrder(const PrefillParams& p, int heads)
+      : s(static_cast<uint32_t>(heads)), per_chunk(static_cast<uint32_t>(p.work_capacity) * s) {}
   __device__ __forceinline__ PrefillCta operator()(uint32_t b) const {
     const uint32_t chunk = b / per_chunk, rem = b % per_chunk;
     return {static_cast<int>(rem / s), static_cast<int>(chunk * s + rem % s)};
