@@ -75,6 +75,10 @@ struct Sm90Shape {
   // Q buffers: two where they fit (head_dim <= 128), so that a persistent CTA's producer loads
   // the next work unit's Q while the consumers still read this one's; one at 256.
   static constexpr int QBUF = HEAD_DIM <= 128 ? 2 : 1;
+  // prefill_sm90_kernel's layout (one Q buffer; its mbarriers, then its bad-page flag)
+  static constexpr int BAR_OFFSET_1 = Q_BYTES + 2 * STAGES * KV_BYTES;
+  static constexpr int NUM_BARS_1 = 1 + 4 * STAGES;
+  static constexpr size_t kSmemBytes1 = size_t(BAR_OFFSET_1) + NUM_BARS_1 * 8 + 16 + 1024;
   static constexpr int BAR_OFFSET = QBUF * Q_BYTES + 2 * STAGES * KV_BYTES;  // mbarriers after the tiles
   // q_full, q_empty, the page verdict's `checked` and desc_full per Q buffer, full and empty per
   // K and V stage
@@ -112,10 +116,12 @@ struct Sm90KvBoxes {
 constexpr int kSm90MaxTmaBoxes = 4;
 
 // Named barriers (id 0 is __syncthreads'): consumer c's turn to issue GEMMs is barrier 1 + c
-// (256 = both consumers: c syncs, the other arrives); 3 + c orders consumer c's V zeroing; 7
-// gathers the gather producer's page verdicts over its 128 threads. (The verdict itself reaches
-// the consumers through the unit's `checked` mbarrier.)
-constexpr int kSm90TurnBarrier = 1, kSm90ZeroBarrier = 3, kSm90GatherBarrier = 7;
+// (256 = both consumers: c syncs, the other arrives); 3 + c orders consumer c's V zeroing; 5 + c
+// hands the page check's verdict (bad_kv) from the producer to consumer c's epilogue in
+// prefill_sm90_kernel (one barrier per consumer: neither waits for the other to finish; the
+// persistent kernel uses the unit's `checked` mbarrier instead, reusable across units); 7 gathers
+// the gather producer's page verdicts over its 128 threads.
+constexpr int kSm90TurnBarrier = 1, kSm90ZeroBarrier = 3, kSm90CheckBarrier = 5, kSm90GatherBarrier = 7;
 
 // A work unit (plan item x query head) as the producer publishes it to the consumers in shared
 // memory, one per Q buffer: written before Q's full barrier is armed (request < 0: no more units,
@@ -217,11 +223,430 @@ __device__ __forceinline__ bool sm90_gather_kv(const PrefillParams& p, int reque
   return sm90::named_barrier_or(kSm90GatherBarrier, 128, bad);
 }
 
+// The kernel with one CTA a work unit (prefill_cta(p, blockIdx.x)): every call the gather
+// producer serves, and the persistent kernel's baseline (Sm90Grid::kPerUnit). Its layout is
+// Sm90Shape's single-Q one (BAR_OFFSET_1, NUM_BARS_1, kSmemBytes1).
 template <typename T, int HEAD_DIM, bool SOFTCAP>
 __global__ void __launch_bounds__(kSm90Threads, 1)
     prefill_sm90_kernel(const PrefillParams p, const __grid_constant__ CUtensorMap tq,
                         const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-                        const Sm90KvBoxes boxes, const uint32_t units, int64_t* errors) {
+                        const Sm90KvBoxes boxes, int64_t* errors) {
+#if defined(KILN_SM90A)
+  using S = Sm90Shape<T, HEAD_DIM>;
+  constexpr int N = S::BLOCK_N, STAGES = S::STAGES, CHUNKS = S::CHUNKS;
+  extern __shared__ uint8_t smem_raw[];
+  // 128-byte swizzle atoms are 1024 bytes: TMA and the wgmma descriptors (base offset 0) both
+  // assume 1024-byte aligned tiles.
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* sq = smem;
+  uint8_t* sk = smem + S::Q_BYTES;
+  uint8_t* sv = sk + STAGES * S::KV_BYTES;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::BAR_OFFSET_1);
+  uint64_t* q_full = bars;
+  uint64_t* k_full = bars + 1;
+  uint64_t* v_full = k_full + STAGES;
+  uint64_t* k_empty = v_full + STAGES;
+  uint64_t* v_empty = k_empty + STAGES;
+  // Set when a page of the CTA's keys is not there (recorded in `errors`; its box lies past the
+  // tensor map, which TMA fills with zeros): the consumers then write NaN. The producer sets it
+  // before a tile's full barrier is armed (one-token pages) or after its last tile, before
+  // kSm90CheckBarrier, which the consumers pass before their epilogue.
+  uint32_t* bad_kv = reinterpret_cast<uint32_t*>(bars + S::NUM_BARS_1);
+
+  const PrefillCta cta = prefill_cta(p, blockIdx.x);
+  const int item = cta.item;
+  const int request = p.work_request[item];
+  if (request < 0) return;  // padding item: the whole CTA leaves before any barrier exists
+  const int q_begin = p.qo_indptr[request];
+  const int qo_len = p.qo_indptr[request + 1] - q_begin;
+  const int kv_len = p.kv_len[request];
+  const int offset = kv_len - qo_len;  // query i sits at key position i + offset
+  const int q0 = p.work_q_start[item];
+  const int head = cta.head;
+  const int kv_head = head / int(p.num_qo_heads / p.num_kv_heads);
+
+  // KV range, as in prefill.cuh: causal ends after the last query's diagonal, a window starts at
+  // the first query's edge (rounded down to a tile); tiles outside are never loaded. Both
+  // consumers walk the CTA's range (the same tiles, so they share every K/V load).
+  const int last_q = min(q0 + kSm90Queries, qo_len) - 1;
+  const int kv_end = p.causal ? max(0, min(kv_len, last_q + offset + 1)) : kv_len;
+  int kv_start = p.window_left >= 0 ? max(0, q0 + offset - p.window_left) : 0;
+  kv_start = (kv_start / N) * N;
+  const int num_tiles = kv_end > kv_start ? (kv_end - kv_start + N - 1) / N : 0;
+
+  // Arrivals a full barrier's phase takes: the TMA thread's one (with the bytes it expects), or
+  // each gather thread's cp.async arrival. The page check's barrier counts the producer warps.
+  const uint32_t full_arrivals = boxes.gather ? 128 : 1;
+  const int check_threads = (boxes.gather ? 128 : 32) + 128;
+  if (threadIdx.x == 0) {
+    *bad_kv = 0;
+    sm90::mbar_init(q_full, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      sm90::mbar_init(&k_full[s], full_arrivals);
+      sm90::mbar_init(&v_full[s], full_arrivals);
+      sm90::mbar_init(&k_empty[s], 128 * kSm90Consumers);
+      sm90::mbar_init(&v_empty[s], 128 * kSm90Consumers);
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {
+    // ---------------- producer ----------------
+    sm90::setmaxnreg_dec<S::PRODUCER_REGS>();
+    auto load_q = [&] {
+      sm90::prefetch_tensor_map(&tq);
+      sm90::mbar_arrive_expect_tx(q_full, S::Q_BYTES);
+#pragma unroll
+      for (int c = 0; c < CHUNKS; ++c)
+        sm90::tma_load_3d(sq + c * S::Q_CHUNK_BYTES, &tq, q_full, c * 64, head, q_begin + q0);
+    };
+    if (boxes.gather) {  // Q by TMA, K and V gathered by all 128 threads
+      if (threadIdx.x == 0) load_q();
+      const bool bad = sm90_gather_kv<T, HEAD_DIM>(p, request, kv_head, kv_start, kv_len, num_tiles, 0, sk, sv, k_full,
+                                                   v_full, k_empty, v_empty);
+      cp_async_commit();  // no copy of this thread may still be in flight when it exits
+      cp_async_wait<0>();
+      if (bad) {
+        if (threadIdx.x == 0) {
+          sm90_record_bad_pages(p, request, kv_start, kv_start + num_tiles * N, errors);
+          *bad_kv = 1;
+        }
+      }
+      __threadfence_block();
+      for (int c = 0; c < kSm90Consumers; ++c) sm90::named_barrier_arrive(kSm90CheckBarrier + c, check_threads);
+      return;
+    }
+    if (threadIdx.x != 0) return;
+    sm90::prefetch_tensor_map(&tk);
+    sm90::prefetch_tensor_map(&tv);
+    load_q();
+    const int first_page = p.kv.page_indptr[request];
+    const int num_pages = p.kv.page_indptr[request + 1] - first_page;
+    const int page_size = static_cast<int>(p.kv.page_size);
+    // The request's entries of page_indices, checked once here: the producer then reads them
+    // without a check of its own (an id outside the cache is a box past the tensor map).
+    const bool entries_ok = first_page >= 0 && int64_t(first_page) + max(num_pages, 0) <= p.kv.num_indices;
+    // Contiguous rows along the page axis (one-token pages): all from the request's first id.
+    int64_t first_id = 0;
+    if (boxes.page_axis && num_tiles > 0) {
+      first_id = page_at(p.kv, request, first_page, 0, errors);
+      if (first_id >= 0 && first_id + kv_end > p.kv.num_pages) {
+        record_error(errors, ErrorCode::kPageSlot, request, first_id + kv_end, p.kv.num_pages);
+        first_id = -1;
+      }
+      if (first_id < 0) *bad_kv = 1;
+    }
+    const int oob = static_cast<int>(p.kv_num_pages);  // a page coordinate TMA fills with zeros
+    // Entries past page_indices are not read: such a request's boxes are not loaded at all (its
+    // outputs are poisoned, so the stale tiles they leave never reach them).
+    const int loaded_pages = entries_ok ? num_pages : 0;
+    // Whether a page the loop loads is not there: a compare per box, no branch on the issue path.
+    bool bad_page = !entries_ok && num_pages > 0 && num_tiles > 0 && !boxes.page_axis;
+    const int B = boxes.rows, nbox = boxes.page_axis ? 1 : N / B;
+    constexpr int MAX_BOXES = N / 16;  // B >= 16 or B == N (prefill_sm90_boxes)
+    for (int i = 0; i < num_tiles; ++i) {
+      const int s = i % STAGES;
+      const uint32_t phase = (i / STAGES) & 1;
+      const int tok0 = kv_start + i * N;
+      // The tile's boxes: (page, first slot) each, or -1 past the request's pages (rows >= kv_len,
+      // not loaded: the consumers mask them and zero V there). The page-table loads are
+      // independent (one latency, not one per box) and shared by K and V; their entries lie in
+      // [first_page, first_page + loaded_pages), checked above. An id outside the cache, negative
+      // or >= num_pages, is a box past the tensor map: TMA fills it with zeros, and the CTA's
+      // outputs are poisoned (bad_page).
+      // One division a tile (the producer's issue rate bounds the kernel): box b < nbox holds
+      // tokens tok0 + b * B, so it is page pi0 + b at slot slot0 (B == page_size) or the tile's
+      // only box (nbox == 1).
+      const int pi0 = tok0 / page_size, slot0 = tok0 - pi0 * page_size;
+      int box_page[MAX_BOXES], box_slot[MAX_BOXES];
+      uint32_t bytes = 0;
+#pragma unroll
+      for (int b = 0; b < MAX_BOXES; ++b) {  // the page-table loads, all independent
+        const int pi = pi0 + b;
+        const bool load = b < nbox && (boxes.page_axis || pi < loaded_pages);
+        const int id = !load             ? -1
+                       : boxes.page_axis ? (first_id >= 0 ? static_cast<int>(first_id) + tok0 : -1)
+                                         : p.kv.page_indices[first_page + pi];
+        box_page[b] = !load ? -1 : id >= 0 ? id : oob;
+        box_slot[b] = boxes.page_axis ? 0 : slot0;
+        bytes += load ? uint32_t(CHUNKS * (boxes.page_axis ? N : B) * 128) : 0u;
+        bad_page |= load && !boxes.page_axis && static_cast<uint32_t>(id) >= static_cast<uint32_t>(oob);
+      }
+      auto issue = [&](const CUtensorMap* map, uint8_t* dst, uint64_t* bar) {
+#pragma unroll
+        for (int b = 0; b < MAX_BOXES; ++b) {
+          if (box_page[b] < 0) continue;
+#pragma unroll
+          for (int c = 0; c < CHUNKS; ++c) {
+            sm90::tma_load_4d(dst + c * S::KV_CHUNK_BYTES + b * B * 128, map, bar, c * 64, box_slot[b], kv_head,
+                              box_page[b]);
+          }
+        }
+      };
+      sm90::mbar_wait(&k_empty[s], phase ^ 1);
+      sm90::mbar_arrive_expect_tx(&k_full[s], bytes);
+      issue(&tk, sk + s * S::KV_BYTES, &k_full[s]);
+      sm90::mbar_wait(&v_empty[s], phase ^ 1);
+      sm90::mbar_arrive_expect_tx(&v_full[s], bytes);
+      issue(&tv, sv + s * S::KV_BYTES, &v_full[s]);
+    }
+    // Every tile is issued, a few ahead of the consumers: now say which page was not there (the
+    // cold path) and hand the verdict to their epilogues.
+    if (bad_page) {  // (reads the page table again: nothing of the loop's stays live for this)
+      sm90_record_bad_pages(p, request, kv_start, kv_start + num_tiles * N, errors);
+      *bad_kv = 1;
+    }
+    __threadfence_block();
+    for (int c = 0; c < kSm90Consumers; ++c) sm90::named_barrier_arrive(kSm90CheckBarrier + c, check_threads);
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  sm90::setmaxnreg_inc<S::CONSUMER_REGS>();
+  const int cw = threadIdx.x / 128 - 1;  // consumer warpgroup: queries q0 + 64 cw ..
+  const int ct = threadIdx.x % 128;
+  const int warp = ct / 32, lane = ct % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int row0 = q0 + 64 * cw;         // this warpgroup's first query
+  const int qi0 = row0 + warp * 16 + g;  // this thread's two query rows: qi0, qi0 + 8
+  // Logits go to log2 units inside exp2's FMA (kfac); with soft-cap they are capped (and scaled)
+  // first. Masks and row maxima work on the raw logits (kfac > 0 keeps their order).
+  const float kfac = SOFTCAP ? 1.0f : p.sm_scale * kLog2e;
+  const float cap_in = p.sm_scale / p.soft_cap, cap_out = p.soft_cap * kLog2e;
+  // Stale rows past kv_len exist only in real pages, and the gather zero-fills them itself.
+  const bool zero_tail = !p.kv_contiguous && !boxes.gather;
+  // cp.async writes shared memory through the generic proxy and wgmma reads it through the async
+  // proxy: after a gathered tile's full barrier, each consumer thread fences the two.
+  const bool gathered = boxes.gather;
+
+  float o[HEAD_DIM / 2];
+#pragma unroll
+  for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.0f;
+  float m[2] = {neg_inf(), neg_inf()};  // running max, log2 units
+  float l[2] = {0.0f, 0.0f};
+
+  // Ping-pong: a consumer issues its GEMMs only in its turn and passes the turn on right after,
+  // so the tensor cores serve one warpgroup's GEMMs while the other's softmax runs. Consumer 0
+  // goes first; each consumer takes (num_tiles + 1) turns, and consumer 0 takes one more at the
+  // end so that every arrival on its barrier is consumed.
+  auto take_turn = [&] { sm90::named_barrier_sync(kSm90TurnBarrier + cw, 256); };
+  auto pass_turn = [&] { sm90::named_barrier_arrive(kSm90TurnBarrier + (1 - cw), 256); };
+  if (cw == 1) pass_turn();
+
+  const uint32_t sq_addr = sm90::smem_u32(sq) + cw * 64 * 128;  // this warpgroup's 64 rows of Q
+  // S = Q K^T of tile i into acc, issued as one wgmma group (not waited for): HEAD_DIM / 16
+  // k-steps, each 32 bytes further inside the 128-byte chunk rows of Q and K.
+  auto issue_s = [&](int i, float (&acc)[N / 2]) {
+    const int s = i % STAGES;
+    const uint32_t sk_addr = sm90::smem_u32(sk + s * S::KV_BYTES);
+    sm90::mbar_wait(&k_full[s], (i / STAGES) & 1);
+    if (gathered) sm90::fence_proxy_async();
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+      const uint32_t in_chunk = (kk % 4) * 32;
+      const uint64_t da = sm90::smem_desc_sw128(sq_addr + (kk / 4) * S::Q_CHUNK_BYTES + in_chunk, 16, 1024);
+      const uint64_t db = sm90::smem_desc_sw128(sk_addr + (kk / 4) * S::KV_CHUNK_BYTES + in_chunk, 16, 1024);
+      sm90::wgmma_ss<T, N>(acc, da, db, kk > 0 ? 1 : 0);
+    }
+    sm90::wgmma_commit();
+  };
+
+  // O += P V of tile i, issued as one wgmma group: N / 16 k-steps of 16 keys (16 rows of 128
+  // bytes = 2048 bytes each).
+  auto issue_pv = [&](int i, uint32_t (&pa)[N / 16][4]) {
+    const uint32_t sv_addr = sm90::smem_u32(sv + (i % STAGES) * S::KV_BYTES);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < N / 16; ++ks) {
+      const uint64_t db = sm90::smem_desc_sw128(sv_addr + ks * 16 * 128, S::KV_CHUNK_BYTES, 1024);
+      sm90::wgmma_rs<T, HEAD_DIM, true>(o, pa[ks], db, 1);
+    }
+    sm90::wgmma_commit();
+  };
+
+  // Waits for V of tile i; zeroes its rows >= kv_len where they may be stale memory (whole
+  // 128-byte rows, so the swizzle does not matter) before the tensor cores read them. Both
+  // consumers zero the same rows (zeros over zeros), each ordering only its own writes.
+  auto prepare_pv = [&](int i) {
+    const int s = i % STAGES, tok0 = kv_start + i * N;
+    sm90::mbar_wait(&v_full[s], (i / STAGES) & 1);
+    if (gathered) sm90::fence_proxy_async();
+    if (zero_tail && tok0 + N > kv_len) {
+      uint8_t* vt = sv + s * S::KV_BYTES;
+      const int first = max(kv_len - tok0, 0);
+      for (int idx = ct; idx < CHUNKS * (N - first) * 8; idx += 128) {
+        const int c = idx / ((N - first) * 8), rem = idx % ((N - first) * 8);
+        const int row = first + rem / 8, part = rem % 8;
+        *reinterpret_cast<uint4*>(vt + c * S::KV_CHUNK_BYTES + row * 128 + part * 16) = make_uint4(0, 0, 0, 0);
+      }
+      sm90::fence_proxy_async();
+      sm90::named_barrier_sync(kSm90ZeroBarrier + cw, 128);
+    }
+  };
+
+  // Soft-cap, masks and the online-softmax step of tile i, in place: acc (S, the m64nNk16
+  // fragment: acc[4j + e] is row qi0 + 8 (e >> 1), key tok0 + 8j + 2t + (e & 1)) becomes the
+  // probabilities; m and l are updated and `rescale` gets the factor O must be multiplied by.
+  // Writes no register a wgmma in flight reads (P V reads pa and o only).
+  auto softmax = [&](int i, float (&acc)[N / 2], float (&rescale)[2]) -> bool {
+    const int tok0 = kv_start + i * N;
+    if constexpr (SOFTCAP) {
+#pragma unroll
+      for (int x = 0; x < N / 2; ++x) acc[x] = tanhf(acc[x] * cap_in) * cap_out;
+    }
+    // Masks only where some key of the tile may be invisible to some query of the warpgroup;
+    // each row's visible keys are one interval [lo, hi], so an element costs two compares.
+    const bool boundary = tok0 + N > kv_end || (p.causal && tok0 + N - 1 > row0 + offset) ||
+                          (p.window_left >= 0 && tok0 < row0 + 63 + offset - p.window_left);
+    if (boundary) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int qpos = qi0 + 8 * r + offset;
+        const int hi = p.causal ? min(kv_end - 1, qpos) : kv_end - 1;
+        const int lo = p.window_left >= 0 ? qpos - p.window_left : INT_MIN;
+#pragma unroll
+        for (int j = 0; j < N / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = tok0 + 8 * j + 2 * t + e;
+            acc[4 * j + 2 * r + e] = (key >= lo && key <= hi) ? acc[4 * j + 2 * r + e] : neg_inf();
+          }
+        }
+      }
+    }
+    float m_use[2];
+    bool moved = false;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float row_max = neg_inf();
+#pragma unroll
+      for (int j = 0; j < N / 8; ++j) row_max = fmaxf(row_max, fmaxf(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]));
+      rescale[r] = online_softmax_step(row_max, kfac, m[r], l[r], m_use[r]);
+      moved = moved || rescale[r] != 1.0f;
+    }
+#pragma unroll
+    for (int x = 0; x < N / 2; ++x) {
+      acc[x] = fast_exp2(fmaf(acc[x], kfac, -m_use[(x >> 1) & 1]));
+      l[(x >> 1) & 1] += acc[x];
+    }
+    // Past the first tiles the running max rarely moves: the O rescale is skipped when it moved
+    // for no row of the warp (one vote, so the branch stays uniform).
+    return __any_sync(0xffffffffu, moved);
+  };
+
+  auto rescale_o = [&](const float (&rescale)[2]) {
+#pragma unroll
+    for (int j = 0; j < HEAD_DIM / 8; ++j) {
+      o[4 * j + 0] *= rescale[0];
+      o[4 * j + 1] *= rescale[0];
+      o[4 * j + 2] *= rescale[1];
+      o[4 * j + 3] *= rescale[1];
+    }
+  };
+
+  // P to 16 bits in the A fragments of the P V k-steps: keys 16ks..16ks+15 are the accumulator
+  // n-blocks 2ks and 2ks+1 (for 16-bit types the accumulator layout of a 16-column slice is the A
+  // layout of one k-step).
+  auto pack_p = [&](const float (&pr)[N / 2], uint32_t (&pa)[N / 16][4]) {
+#pragma unroll
+    for (int ks = 0; ks < N / 16; ++ks) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float* e = pr + 4 * (2 * ks + h);
+        pa[ks][2 * h + 0] = pack2<T>(e[0], e[1]);
+        pa[ks][2 * h + 1] = pack2<T>(e[2], e[3]);
+      }
+    }
+  };
+
+  sm90::mbar_wait(q_full, 0);
+  float sacc[N / 2], rescale[2];
+  uint32_t pa[N / 16][4];
+  if (num_tiles > 0) {
+    // FA3's intra-warpgroup overlap: S of tile i+1 and P V of tile i run on the tensor cores while
+    // the softmax of tile i+1 runs on the CUDA cores; P is packed and O rescaled once P V of tile
+    // i is done. Two ptxas rules shape the loop (else it serialises every wgmma, warnings C7513 /
+    // C7514): no instruction defines an input register (o, pa) of a wgmma in flight, and the
+    // second group is not conditional (the last tile is peeled out).
+    take_turn();
+    issue_s(0, sacc);
+    pass_turn();
+    sm90::wgmma_wait<0>();
+    sm90::fence_regs(sacc);
+    sm90::mbar_arrive(&k_empty[0]);
+    softmax(0, sacc, rescale);  // O is still zero: no rescale
+    pack_p(sacc, pa);
+    for (int i = 0; i + 1 < num_tiles; ++i) {
+      prepare_pv(i);
+      sm90::fence_regs(o);
+      sm90::fence_regs(pa);
+      take_turn();
+      issue_s(i + 1, sacc);
+      issue_pv(i, pa);
+      pass_turn();
+      sm90::wgmma_wait<1>();  // S of tile i+1 (the older group) is done; P V may still run
+      sm90::fence_regs(sacc);
+      sm90::mbar_arrive(&k_empty[(i + 1) % STAGES]);
+      const bool moved = softmax(i + 1, sacc, rescale);
+      sm90::wgmma_wait<0>();
+      sm90::fence_regs(o);
+      sm90::fence_regs(pa);
+      sm90::mbar_arrive(&v_empty[i % STAGES]);
+      if (moved) rescale_o(rescale);
+      pack_p(sacc, pa);
+    }
+    const int last = num_tiles - 1;
+    prepare_pv(last);
+    sm90::fence_regs(o);
+    sm90::fence_regs(pa);
+    take_turn();
+    issue_pv(last, pa);
+    pass_turn();
+    sm90::wgmma_wait<0>();
+    sm90::fence_regs(o);
+    sm90::fence_regs(pa);
+    sm90::mbar_arrive(&v_empty[last % STAGES]);
+  }
+  if (cw == 0) take_turn();  // consumes consumer 1's last arrival
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  sm90::named_barrier_sync(kSm90CheckBarrier + cw, check_threads);  // the page check's verdict
+  const bool poisoned = *bad_kv != 0;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int qi = qi0 + 8 * r;
+    if (qi >= qo_len) continue;
+    const float inv = poisoned ? quiet_nan() : l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    T* out = static_cast<T*>(p.out) + int64_t(q_begin + qi) * p.out_stride_n + head * p.out_stride_h;
+#pragma unroll
+    for (int j = 0; j < HEAD_DIM / 8; ++j) {
+      *reinterpret_cast<uint32_t*>(out + 8 * j + 2 * t) = pack2<T>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+    }
+    if (p.lse != nullptr && t == 0)
+      p.lse[int64_t(q_begin + qi) * p.lse_stride_n + head] = poisoned ? quiet_nan() : merged_lse(m[r], l[r]);
+  }
+#else
+  // Built for another target: never launched there (prefill_sm90_supported), loud if it were.
+  (void)p, (void)tq, (void)tk, (void)tv, (void)boxes, (void)errors;
+  __trap();
+#endif
+}
+
+// The persistent kernel: one CTA an SM walking the units (sm90_unit_index), for the calls TMA
+// loads (docs/perf/prefill-sm90.md, "Persistent grid"). Its gather path is correct but measured
+// slower than prefill_sm90_kernel's at head_dim 128 and 256 (the 40-register producer spills), so
+// the launcher gives gathered calls to prefill_sm90_kernel (Sm90Grid::kPersistent forces it).
+template <typename T, int HEAD_DIM, bool SOFTCAP>
+__global__ void __launch_bounds__(kSm90Threads, 1)
+    prefill_sm90_persistent_kernel(const PrefillParams p, const __grid_constant__ CUtensorMap tq,
+                                   const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                                   const Sm90KvBoxes boxes, const uint32_t units, int64_t* errors) {
 #if defined(KILN_SM90A)
   using S = Sm90Shape<T, HEAD_DIM>;
   constexpr int N = S::BLOCK_N, STAGES = S::STAGES, CHUNKS = S::CHUNKS;
@@ -762,10 +1187,11 @@ constexpr bool kSm90Gather = true;
 // A/B timing, tests/cuda/prefill_sm90_selftest.cu).
 enum class Sm90Load { kAuto, kTma, kGather };
 
-// Whether the grid is persistent: one CTA per SM walking work units (sm90_unit_index) with the
-// next unit's Q and K/V loaded under the current one's last tiles and epilogue, instead of one CTA
-// a unit (docs/perf/prefill-sm90.md, "Persistent grid"). Sm90Grid forces either (the self-test's
-// A/B timing); at head_dim 256 one Q buffer fits, and the grid stays one CTA a unit.
+// Whether the calls TMA loads run the persistent kernel (one CTA per SM walking the work units,
+// sm90_unit_index, the next unit's Q and K/V loaded under the current one's last tiles and
+// epilogue) instead of prefill_sm90_kernel (one CTA a unit); docs/perf/prefill-sm90.md,
+// "Persistent grid". Gathered calls and head_dim 256 (one Q buffer fits) keep one CTA a unit.
+// Sm90Grid forces either kernel (the self-test's A/B timing).
 constexpr bool kSm90Persistent = true;
 enum class Sm90Grid { kAuto, kPerUnit, kPersistent };
 
@@ -913,23 +1339,31 @@ Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx, Sm90Load l
                                               (which ? "v" : "k"));
     }
   }
-  constexpr auto kernel = prefill_sm90_kernel<T, HEAD_DIM, SOFTCAP>;
+  unsigned units = 0;
+  if (Status g = prefill_grid(p, &units); !g.ok()) return g;
+  // The persistent kernel for what TMA loads (measured faster there), prefill_sm90_kernel for
+  // the gather and at head_dim 256 (one Q buffer); Sm90Grid forces either.
+  const bool persistent =
+      grid == Sm90Grid::kPersistent || (grid == Sm90Grid::kAuto && kSm90Persistent && S::QBUF == 2 && !boxes.gather);
+  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
+  if (!persistent) {
+    constexpr auto kernel = prefill_sm90_kernel<T, HEAD_DIM, SOFTCAP>;
+    Status st =
+        cuda_status(allow_smem<kernel>(S::kSmemBytes1, device), "prefill (sm90a): raising the shared-memory limit");
+    if (!st.ok()) return st;
+    kernel<<<units, kSm90Threads, S::kSmemBytes1, stream>>>(p, tq, tk, tv, boxes, ctx.errors);
+    return cuda_status(cudaGetLastError(), "prefill (sm90a) kernel launch");
+  }
+  constexpr auto kernel = prefill_sm90_persistent_kernel<T, HEAD_DIM, SOFTCAP>;
   Status st =
       cuda_status(allow_smem<kernel>(S::kSmemBytes, device), "prefill (sm90a): raising the shared-memory limit");
   if (!st.ok()) return st;
-  unsigned units = 0;
-  if (Status g = prefill_grid(p, &units); !g.ok()) return g;
-  unsigned blocks = units;
-  const bool persistent = grid == Sm90Grid::kPersistent || (grid == Sm90Grid::kAuto && kSm90Persistent && S::QBUF == 2);
-  if (persistent) {  // one CTA per SM (the kernel takes all of an SM's shared memory)
-    int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) {
-      return cuda_status(cudaGetLastError(), "prefill (sm90a): the multiprocessor count");
-    }
-    blocks = std::min(units, static_cast<unsigned>(sms));
+  int sms = 0;  // one CTA per SM (the kernel takes all of an SM's shared memory)
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) {
+    return cuda_status(cudaGetLastError(), "prefill (sm90a): the multiprocessor count");
   }
-  kernel<<<blocks, kSm90Threads, S::kSmemBytes, static_cast<cudaStream_t>(ctx.stream)>>>(p, tq, tk, tv, boxes, units,
-                                                                                         ctx.errors);
+  const unsigned blocks = std::min(units, static_cast<unsigned>(sms));
+  kernel<<<blocks, kSm90Threads, S::kSmemBytes, stream>>>(p, tq, tk, tv, boxes, units, ctx.errors);
   return cuda_status(cudaGetLastError(), "prefill (sm90a) kernel launch");
 }
 
