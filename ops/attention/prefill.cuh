@@ -67,11 +67,23 @@ __host__ __device__ inline int prefill_heads_per_chunk(int64_t num_qo_heads, int
   return static_cast<int>(s);
 }
 
+// The order itself, its two divisors computed once (a persistent CTA maps many b).
+struct PrefillCtaOrder {
+  uint32_t s, per_chunk;  // heads per chunk, CTAs per chunk
+  __device__ __forceinline__ explicit PrefillCtaOrder(const PrefillParams& p)
+      : PrefillCtaOrder(p, prefill_heads_per_chunk(p.num_qo_heads, p.num_kv_heads)) {}
+  // Chunks of `heads` heads (a divisor of num_qo_heads); all of them: items in plan order (most
+  // work first), the heads of an item side by side.
+  __device__ __forceinline__ PrefillCtaOrder(const PrefillParams& p, int heads)
+      : s(static_cast<uint32_t>(heads)), per_chunk(static_cast<uint32_t>(p.work_capacity) * s) {}
+  __device__ __forceinline__ PrefillCta operator()(uint32_t b) const {
+    const uint32_t chunk = b / per_chunk, rem = b % per_chunk;
+    return {static_cast<int>(rem / s), static_cast<int>(chunk * s + rem % s)};
+  }
+};
+
 __device__ __forceinline__ PrefillCta prefill_cta(const PrefillParams& p, uint32_t b) {
-  const uint32_t s = static_cast<uint32_t>(prefill_heads_per_chunk(p.num_qo_heads, p.num_kv_heads));
-  const uint32_t per_chunk = static_cast<uint32_t>(p.work_capacity) * s;
-  const uint32_t chunk = b / per_chunk, rem = b % per_chunk;
-  return {static_cast<int>(rem / s), static_cast<int>(chunk * s + rem % s)};
+  return PrefillCtaOrder(p)(b);
 }
 
 // Grid size check shared by both prefill kernels' launchers.
@@ -180,23 +192,22 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
     k_head += fits ? first * kv.k_page_stride : 0;
     v_head += fits ? first * kv.v_page_stride : 0;
   }
+  // Paged KV: the request's entries of page_indices that its keys need are checked once here
+  // (none is loaded when they leave the tensor); each id is checked where issue_kv uses it, a
+  // tile after its load, as load_page would. A compare and branch on the loaded id next to its
+  // load (the 2026-12-01 code) stalls every warp on the page table's latency once a tile
+  // (docs/perf/prefill.md, version 6). A bad entry or id only sets `bad` in the loop; the cold
+  // rescan after it records which one.
+  const int needed_entries = kv_end > 0 ? static_cast<int>(page_div.div(static_cast<uint32_t>(kv_end - 1))) + 1 : 0;
+  const bool entries_ok = first_page >= 0 && first_page + needed_entries <= kv.num_indices;
+  const int load_end = entries_ok ? kv_end : 0;  // tokens whose page id may be loaded
+  const uint32_t num_pages = static_cast<uint32_t>(kv.num_pages < INT_MAX ? kv.num_pages : INT_MAX);
   auto load_pages = [&](int tile, int32_t (&pg)[UNITS]) {
     if (contiguous) return;
-    // The loads first, all independent; then the check (-1: not loaded, and recorded unless past
-    // the request's keys).
 #pragma unroll
     for (int u = 0; u < UNITS; ++u) {
       const int tok = kv_start + tile * TILE + my_row + u * S::ROWS_PER_STEP;
-      pg[u] =
-          tok < kv_end ? static_cast<int32_t>(load_page(kv, first_page, page_div.div(static_cast<uint32_t>(tok)))) : -1;
-    }
-#pragma unroll
-    for (int u = 0; u < UNITS; ++u) {
-      const int tok = kv_start + tile * TILE + my_row + u * S::ROWS_PER_STEP;
-      if (tok < kv_end && pg[u] < 0) {
-        record_page_error(kv, request, first_page, page_div.div(static_cast<uint32_t>(tok)), errors);
-        bad = true;
-      }
+      pg[u] = tok < load_end ? kv.page_indices[first_page + page_div.div(static_cast<uint32_t>(tok))] : -1;
     }
   };
   auto issue_kv = [&](int stage, int tile, const int32_t (&pg)[UNITS]) {
@@ -218,7 +229,9 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
 #pragma unroll
     for (int u = 0; u < UNITS; ++u) {
       const int row = my_row + u * S::ROWS_PER_STEP, tok = tok0 + u * S::ROWS_PER_STEP;
-      const bool valid = tok < kv_end && pg[u] >= 0;
+      const bool ok = static_cast<uint32_t>(pg[u]) < num_pages;  // load_page's check (-1 fails it)
+      const bool valid = tok < kv_end && ok;
+      bad = bad || (tok < kv_end && !ok);
       const uint32_t utok = valid ? static_cast<uint32_t>(tok) : 0u;
       const int64_t slot = utok - page_div.div(utok) * page_div.d;
       const int64_t page = valid ? pg[u] : 0;
@@ -401,6 +414,18 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
     }
   }
   cp_async_wait<0>();
+  if (bad && !contiguous) {  // the cold rescan: which entry or id was bad, as load_page sees it
+#pragma unroll 1
+    for (int tile = 0; tile < num_tiles; ++tile) {
+#pragma unroll 1
+      for (int u = 0; u < UNITS; ++u) {
+        const int tok = kv_start + tile * TILE + my_row + u * S::ROWS_PER_STEP;
+        const int64_t page = page_div.div(static_cast<uint32_t>(tok));
+        if (tok < kv_end && load_page(kv, first_page, page) < 0)
+          record_page_error(kv, request, first_page, page, errors);
+      }
+    }
+  }
   const bool poisoned = __syncthreads_or(bad);  // a page out of range anywhere: NaN rows
 
 #pragma unroll

@@ -31,16 +31,17 @@ namespace {
 const char* kNames[] = {"fa2", "fa3"};
 
 template <int D>
-Status launch_d(const PrefillParams& p, int kernel, Sm90Load load) {
+Status launch_d(const PrefillParams& p, int kernel, Sm90Load load, Sm90Grid grid) {
   const LaunchContext ctx{nullptr, 0};
   if (kernel == kPrefillKernelFA2) return launch_prefill<__nv_bfloat16, D, false>(p, ctx);
-  return launch_prefill_sm90<__nv_bfloat16, D, false>(p, ctx, load);
+  return launch_prefill_sm90<__nv_bfloat16, D, false>(p, ctx, load, grid);
 }
 
-Status launch(const PrefillParams& p, int kernel, int d, Sm90Load load = Sm90Load::kAuto) {
-  return d == 64    ? launch_d<64>(p, kernel, load)
-         : d == 128 ? launch_d<128>(p, kernel, load)
-                    : launch_d<256>(p, kernel, load);
+Status launch(const PrefillParams& p, int kernel, int d, Sm90Load load = Sm90Load::kAuto,
+              Sm90Grid grid = Sm90Grid::kAuto) {
+  return d == 64    ? launch_d<64>(p, kernel, load, grid)
+         : d == 128 ? launch_d<128>(p, kernel, load, grid)
+                    : launch_d<256>(p, kernel, load, grid);
 }
 
 struct Case {
@@ -286,12 +287,14 @@ void time_issue_shape() {
     cudaFree(ptr);
 }
 
-// The two KV producers of the sm90a kernel on the same paged cache (batch 16 x 2048, causal, GQA
-// 32/8, bf16, NHD, pages shuffled): TMA boxes and the cp.async gather, forced. Their outputs must
-// be bit-identical (the same tiles reach the same consumers); prints the median and best of 20
-// launches of each (CUDA events) and returns the number of mismatches.
-int time_producers(int D, int page) {
-  constexpr int B = 16, L = 2048, HQ = 32, HK = 8;
+// The two KV producers of the sm90a kernel on the same paged cache (batch B x L, default 16 x
+// 2048, causal, GQA 32/8, bf16, NHD, pages shuffled): TMA boxes and the cp.async gather, forced;
+// or, with `grids`, the two grids (one CTA a work unit, persistent) with the automatic producer.
+// The two outputs must be bit-identical (the same tiles reach the same consumers in the same
+// order); prints the median and best of 20 launches of each (CUDA events) and returns the number
+// of mismatches.
+int time_producers(int D, int page, bool grids = false, int B = 16, int L = 2048) {
+  constexpr int HQ = 32, HK = 8;
   const int pages_per = (L + page - 1) / page, pages = B * pages_per;
   const size_t nq = size_t(B) * L * HQ * D, nkv = size_t(pages) * page * HK * D;
   std::mt19937 rng(11 + page);
@@ -339,31 +342,38 @@ int time_producers(int D, int page) {
   cudaEvent_t a, e;
   cudaEventCreate(&a), cudaEventCreate(&e);
   const Sm90Load loads[2] = {Sm90Load::kTma, Sm90Load::kGather};
-  const char* names[2] = {"tma", "gather"};
+  const Sm90Grid kinds[2] = {Sm90Grid::kPerUnit, Sm90Grid::kPersistent};
+  const char* names[2] = {grids ? "per-unit" : "tma", grids ? "persist" : "gather"};
+  const char* what = grids ? "grids" : "producers";
+  auto run_one = [&](int which) {
+    return grids ? launch(p, kPrefillKernelFA3, D, Sm90Load::kAuto, kinds[which])
+                 : launch(p, kPrefillKernelFA3, D, loads[which]);
+  };
   for (int which = 0; which < 2; ++which) {
     p.out = which ? out_b : out_a;
-    Status st = launch(p, kPrefillKernelFA3, D, loads[which]);
+    Status st = run_one(which);
     std::vector<float> ms(20, 0.0f);
     for (int rep = 0; rep < 20 && st.ok(); ++rep) {
       cudaEventRecord(a);
-      st = launch(p, kPrefillKernelFA3, D, loads[which]);
+      st = run_one(which);
       cudaEventRecord(e);
       cudaEventSynchronize(e);
       cudaEventElapsedTime(&ms[rep], a, e);
     }
     if (!st.ok() || cudaDeviceSynchronize() != cudaSuccess) {
-      std::printf("  producers d%d page%d %-6s failed: %s\n", D, page, names[which], st.message.c_str());
+      std::printf("  %s B%d L%d d%d page%d %-8s failed: %s\n", what, B, L, D, page, names[which], st.message.c_str());
       continue;
     }
     std::sort(ms.begin(), ms.end());
-    std::printf("  producers d%d page%-3d %-6s median %.1f us best %.1f us  %.0f TFLOP/s (median)\n", D, page,
-                names[which], ms[10] * 1e3, ms[0] * 1e3, flops / (ms[10] * 1e-3) / 1e12);
+    std::printf("  %s B%d L%d d%d page%-4d %-8s median %.1f us best %.1f us  %.0f TFLOP/s (median)\n", what, B, L, D,
+                page, names[which], ms[10] * 1e3, ms[0] * 1e3, flops / (ms[10] * 1e-3) / 1e12);
   }
   std::vector<uint16_t> ha(nq), hb(nq);
   cudaMemcpy(ha.data(), out_a, nq * 2, cudaMemcpyDeviceToHost);
   cudaMemcpy(hb.data(), out_b, nq * 2, cudaMemcpyDeviceToHost);
   const bool same = std::memcmp(ha.data(), hb.data(), nq * 2) == 0;
-  std::printf("  producers d%d page%d: tma and gather outputs %s\n", D, page, same ? "bit-identical" : "DIFFER");
+  std::printf("  %s B%d L%d d%d page%d: %s and %s outputs %s\n", what, B, L, D, page, names[0], names[1],
+              same ? "bit-identical" : "DIFFER");
   for (const void* ptr : {p.q, (const void*)p.qo_indptr, (const void*)p.kv_len, p.kv.k, p.kv.v,
                           (const void*)p.kv.page_indptr, (const void*)p.kv.page_indices, (const void*)p.work_request,
                           (const void*)p.work_q_start, (const void*)out_a, (const void*)out_b})
@@ -419,6 +429,15 @@ int main() {
   fails += time_producers(64, 16);
   fails += time_producers(256, 16);
   fails += time_producers(256, 32);
-  std::printf("%s (%d failing, producers included)\n", fails ? "FAIL" : "all ok", fails);
+  // One CTA a work unit against the persistent grid (one CTA an SM walking the units), the same
+  // kernel and inputs: the issue's shapes (the single prompt as one request whose pages hold it
+  // all), and a ragged-length mix is in the cases above.
+  std::printf("timing: the grids, causal, GQA 32/8, bf16\n");
+  fails += time_producers(128, 8192, true, 1, 8192);
+  fails += time_producers(128, 2048, true, 1, 2048);
+  fails += time_producers(128, 16, true, 16, 2048);
+  fails += time_producers(128, 64, true, 16, 2048);
+  fails += time_producers(64, 16, true, 16, 2048);
+  std::printf("%s (%d failing, producers and grids included)\n", fails ? "FAIL" : "all ok", fails);
   return fails ? 1 : 0;
 }
