@@ -223,9 +223,9 @@ __device__ __forceinline__ bool sm90_gather_kv(const PrefillParams& p, int reque
   return sm90::named_barrier_or(kSm90GatherBarrier, 128, bad);
 }
 
-// The kernel with one CTA a work unit (prefill_cta(p, blockIdx.x)): the gather at head_dim 128,
-// everything at 256, and the persistent kernel's baseline (Sm90Grid::kPerUnit). Its layout is
-// Sm90Shape's single-Q one (BAR_OFFSET_1, NUM_BARS_1, kSmemBytes1).
+// The kernel with one CTA a work unit (prefill_cta(p, blockIdx.x)): every call the gather
+// producer serves, everything at 256, and the persistent kernel's baseline (Sm90Grid::kPerUnit).
+// Its layout is Sm90Shape's single-Q one (BAR_OFFSET_1, NUM_BARS_1, kSmemBytes1).
 template <typename T, int HEAD_DIM, bool SOFTCAP>
 __global__ void __launch_bounds__(kSm90Threads, 1)
     prefill_sm90_kernel(const PrefillParams p, const __grid_constant__ CUtensorMap tq,
@@ -639,10 +639,11 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
 }
 
 // The persistent kernel: one CTA an SM walking the units (sm90_unit_index), for the calls TMA
-// loads and the gather at head_dim 64 (docs/perf/prefill-sm90.md, "Persistent grid"). Its gather
-// path is correct at every head_dim but measured slower than prefill_sm90_kernel's at 128 (the
-// 40-register producer spills), so the launcher gives those calls to prefill_sm90_kernel
-// (Sm90Grid::kPersistent forces this one).
+// loads (docs/perf/prefill-sm90.md, "Persistent grid"). Its gather path is correct at every
+// head_dim but measured slower than prefill_sm90_kernel's at 128 (the 40-register producer
+// spills); faster at 64 (call 2), but not run on the GPU in a routing that sends it there, so
+// the launcher gives every gathered call to prefill_sm90_kernel (Sm90Grid::kPersistent forces
+// this one).
 template <typename T, int HEAD_DIM, bool SOFTCAP>
 __global__ void __launch_bounds__(kSm90Threads, 1)
     prefill_sm90_persistent_kernel(const PrefillParams p, const __grid_constant__ CUtensorMap tq,
@@ -1191,8 +1192,8 @@ enum class Sm90Load { kAuto, kTma, kGather };
 // Whether the calls TMA loads run the persistent kernel (one CTA per SM walking the work units,
 // sm90_unit_index, the next unit's Q and K/V loaded under the current one's last tiles and
 // epilogue) instead of prefill_sm90_kernel (one CTA a unit); docs/perf/prefill-sm90.md,
-// "Persistent grid". Gathered calls at head_dim 128 and everything at 256 (one Q buffer fits)
-// keep one CTA a unit.
+// "Persistent grid". Gathered calls and everything at 256 (one Q buffer fits) keep one CTA a
+// unit.
 // Sm90Grid forces either kernel (the self-test's A/B timing).
 constexpr bool kSm90Persistent = true;
 enum class Sm90Grid { kAuto, kPerUnit, kPersistent };
@@ -1343,12 +1344,11 @@ Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx, Sm90Load l
   }
   unsigned units = 0;
   if (Status g = prefill_grid(p, &units); !g.ok()) return g;
-  // The persistent kernel where it measured faster: what TMA loads, and the gather at head_dim 64
-  // (its producer has 72 registers); prefill_sm90_kernel for the gather at 128 (the persistent
-  // one's 40-register producer spills: 1514 against 1343 us) and at 256 (one Q buffer). Sm90Grid
-  // forces either.
-  const bool persistent = grid == Sm90Grid::kPersistent || (grid == Sm90Grid::kAuto && kSm90Persistent &&
-                                                            S::QBUF == 2 && (!boxes.gather || S::PRODUCER_REGS > 40));
+  // The persistent kernel for what TMA loads (measured faster there); prefill_sm90_kernel for the
+  // gather (at head_dim 128 the persistent one's 40-register producer spills: 1514 against 1343
+  // us) and at head_dim 256 (one Q buffer). Sm90Grid forces either.
+  const bool persistent =
+      grid == Sm90Grid::kPersistent || (grid == Sm90Grid::kAuto && kSm90Persistent && S::QBUF == 2 && !boxes.gather);
   const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
   if (!persistent) {
     constexpr auto kernel = prefill_sm90_kernel<T, HEAD_DIM, SOFTCAP>;
