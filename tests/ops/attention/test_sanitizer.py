@@ -1,6 +1,7 @@
-"""Out-of-range page ids under compute-sanitizer's memcheck: decode, prefill (both kernels) and
-append (decode and append also over an fp8 cache) each get a page table with a page id past the
-cache. The kernels must make no out-of-bounds
+"""Out-of-range page ids under compute-sanitizer's memcheck: decode (also split over the GPU, so
+the in-launch merge of its partial slots runs), prefill (both kernels) and append (decode and
+append also over an fp8 cache) each get a page table with a page id past the cache. The kernels
+must make no out-of-bounds
 access at all (the sanitizer reports zero errors) and the call must end in a clear Python error
 naming the argument, the value and the valid range (kiln.check_errors)."""
 
@@ -31,7 +32,16 @@ if fp8:
     which = which.removesuffix("_fp8")
     k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
 scales = dict(k_scale=0.5, v_scale=0.25) if fp8 else {}
-if which == "decode":
+if which == "decode_split":  # 300 pages, one request: split-KV, the bad id in one chunk
+    k = torch.randn(320, page, hk, d, device=dev, dtype=torch.bfloat16)
+    ids = torch.arange(300, dtype=torch.int32, device=dev)
+    ids[150] = 1 << 20
+    w = kiln.BatchDecodeWithPagedKVCacheWrapper(ws)
+    w.plan(torch.tensor([0, 300], dtype=torch.int32), ids, last, hq, hk, d, page, q_data_type=torch.bfloat16)
+    assert w.plan_info["partial_slots"] > 1, w.plan_info
+    out = w.run(torch.randn(1, hq, d, device=dev, dtype=torch.bfloat16), (k, torch.randn_like(k)))
+    assert out.isnan().all(), "a poisoned chunk must make the merged rows NaN"
+elif which == "decode":
     w = kiln.BatchDecodeWithPagedKVCacheWrapper(ws)
     w.plan(indptr, bad, last, hq, hk, d, page, q_data_type=torch.bfloat16, kv_data_type=k.dtype)
     out = w.run(torch.randn(1, hq, d, device=dev, dtype=torch.bfloat16), (k, v), **scales)
@@ -72,7 +82,8 @@ sys.exit(3)
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "which",
-    ["decode", "prefill_fa2", "prefill_fa3", "prefill_fa3_page1", "append", "decode_fp8", "append_fp8"],
+    ["decode", "decode_split", "prefill_fa2", "prefill_fa3", "prefill_fa3_page1", "append", "decode_fp8",
+     "append_fp8"],
 )
 def test_a_bad_page_id_makes_no_out_of_bounds_access_and_a_clear_error(which, tmp_path):
     import torch
@@ -90,5 +101,8 @@ def test_a_bad_page_id_makes_no_out_of_bounds_access_and_a_clear_error(which, tm
     summary = re.search(r"ERROR SUMMARY: (\d+) error", out)
     assert summary and summary[1] == "0", out[-4000:]
     assert proc.returncode == 0, out[-4000:]
-    assert "PYTHON ERROR:" in out and "kv_indices[1] = 1048576 is not a page of the cache" in out, out[-4000:]
-    assert ("[0, 128)" if which == "prefill_fa3_page1" else "[0, 8)") in out
+    entry = 150 if which == "decode_split" else 1
+    message = f"kv_indices[{entry}] = 1048576 is not a page of the cache"
+    assert "PYTHON ERROR:" in out and message in out, out[-4000:]
+    pages = {"prefill_fa3_page1": 128, "decode_split": 320}.get(which, 8)
+    assert f"[0, {pages})" in out
