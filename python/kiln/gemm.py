@@ -110,6 +110,22 @@ def _layout(t: torch.Tensor) -> str:
     return "kmajor" if t.stride(-2) == 1 else "nmajor"
 
 
+def _launch_tuned(mod, op: str, fn: str, shape, device: torch.device, args: dict, **launch) -> None:
+    """One call of binding `fn` through the autotuner (its tactic list from `fn`_tactics, with the
+    same arguments): the tuned tactic for (op, shape()), else the default. `launch`: the further
+    keywords of the launch alone (errors)."""
+    run, tactics = getattr(mod, fn), getattr(mod, fn + "_tactics")
+    launch["stream"] = _jit.stream_of(device)
+    autotuner.launch(
+        mod,
+        op,
+        shape,
+        device,
+        lambda t, strict, blocked: run(**args, tactic=t, strict=strict, blocked=blocked, **launch),
+        lambda: tactics(**args),
+    )
+
+
 # --- dense 16-bit: mm_bf16, bmm_bf16 --------------------------------------------------------------
 
 
@@ -117,7 +133,7 @@ def _layout(t: torch.Tensor) -> str:
 def _mm_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     device = a.device
     mod = _jit.module(MM, device, "kiln.mm_bf16", dtype=a.dtype, names={"dtype": "a.dtype"})
-    dl, stream = _jit.dl, _jit.stream_of(device)
+    dl = _jit.dl
     args = {"a": dl(a), "b": dl(b), "out": dl(out)}
 
     def shape():
@@ -127,14 +143,7 @@ def _mm_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
             f"{_SHORT[a.dtype]} b:{_layout(b)} out:{_SHORT[out.dtype]}"
         )
 
-    autotuner.launch(
-        mod,
-        "mm",
-        shape,
-        device,
-        lambda t, strict, blocked: mod.mm(**args, tactic=t, strict=strict, blocked=blocked, stream=stream),
-        lambda: mod.mm_tactics(**args),
-    )
+    _launch_tuned(mod, "mm", "mm", shape, device, args)
 
 
 def _dense(api: str, a, b, a_name: str, b_name: str, ndim: int) -> None:
@@ -251,7 +260,7 @@ def _fp8_op(
     mod = _jit.module(
         FP8, device, api, dtype=a.dtype, names={"dtype": "A.dtype" if scale_mode == "tensor" else "a.dtype"}
     )
-    dl, stream = _jit.dl, _jit.stream_of(device)
+    dl = _jit.dl
     (a_dl, a_as), (b_dl, b_as) = _fp8_dl(a), _fp8_dl(b)
     args = {
         "a": a_dl,
@@ -271,16 +280,7 @@ def _fp8_op(
             f"k{a.shape[-1]} {_SHORT[a.dtype]}x{_SHORT[b.dtype]} out:{_SHORT[out.dtype]}"
         )
 
-    autotuner.launch(
-        mod,
-        "fp8",
-        shape,
-        device,
-        lambda t, strict, blocked: mod.gemm_fp8(
-            **args, tactic=t, strict=strict, blocked=blocked, stream=stream
-        ),
-        lambda: mod.gemm_fp8_tactics(**args),
-    )
+    _launch_tuned(mod, "fp8", "gemm_fp8", shape, device, args)
 
 
 def _fp8_pair(api: str, a, b, a_name: str, b_name: str) -> None:
@@ -432,7 +432,7 @@ def _grouped_op(
     mod = _jit.module(
         GROUPED, device, api, dtype=x.dtype, names={"dtype": "a.dtype" if bounds_are_ends else "x.dtype"}
     )
-    dl, stream = _jit.dl, _jit.stream_of(device)
+    dl = _jit.dl
     args = {
         "x": dl(x),
         "weights": dl(weights),
@@ -441,7 +441,6 @@ def _grouped_op(
         "bounds_are_ends": bounds_are_ends,
         "weight_indices": None if weight_indices is None else dl(weight_indices),
     }
-    errors_at = errors.record_address(device)
 
     def shape():
         groups = bounds.numel() - (0 if bounds_are_ends else 1)
@@ -450,16 +449,7 @@ def _grouped_op(
             f"{_SHORT[x.dtype]} w:{_layout(weights)} out:{_SHORT[out.dtype]}"
         )
 
-    autotuner.launch(
-        mod,
-        "grouped",
-        shape,
-        device,
-        lambda t, strict, blocked: mod.grouped(
-            **args, tactic=t, strict=strict, blocked=blocked, errors=errors_at, stream=stream
-        ),
-        lambda: mod.grouped_tactics(**args),
-    )
+    _launch_tuned(mod, "grouped", "grouped", shape, device, args, errors=errors.record_address(device))
     errors.after_launch(device)
 
 
@@ -863,7 +853,7 @@ def _group_fp8_op(
     mod = _jit.module(
         FP8_GROUPED, device, "kiln.group_gemm_fp8_nt_groupwise", dtype=a.dtype, names={"dtype": "a.dtype"}
     )
-    dl, stream = _jit.dl, _jit.stream_of(device)
+    dl = _jit.dl
     (a_dl, a_as), (b_dl, b_as) = _fp8_dl(a), _fp8_dl(b)
     args = {
         "a": a_dl,
@@ -877,7 +867,6 @@ def _group_fp8_op(
         "a_as": a_as,
         "b_as": b_as,
     }
-    errors_at = errors.record_address(device)
 
     def shape():
         groups = bounds.numel() - (0 if bounds_are_ends else 1)
@@ -886,16 +875,8 @@ def _group_fp8_op(
             f"e4m3 out:{_SHORT[out.dtype]}"
         )
 
-    autotuner.launch(
-        mod,
-        "fp8_grouped",
-        shape,
-        device,
-        lambda t, strict, blocked: mod.group_gemm_fp8(
-            **args, tactic=t, strict=strict, blocked=blocked, errors=errors_at, stream=stream
-        ),
-        lambda: mod.group_gemm_fp8_tactics(**args),
-    )
+    errors_at = errors.record_address(device)
+    _launch_tuned(mod, "fp8_grouped", "group_gemm_fp8", shape, device, args, errors=errors_at)
     errors.after_launch(device)
 
 
