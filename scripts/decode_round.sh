@@ -8,6 +8,12 @@
 # $OUT and into ONE $OUT/results.tgz:
 #
 #   steps.log         each step's start (s since the start), the GPU, and the summaries below
+#   selftest.log      tests/cuda/decode_selftest.cu: correctness cases against a float64 reference,
+#                     then the issue's shapes timed (eager and CUDA graph) and reference-checked
+#   selftest_baseline.log  the same of an earlier tree, when .baseline/ holds its ops/ (carried
+#                     beside the tree; not part of it): two kernel versions on the same inputs
+#   ncu_{now,baseline}.txt  with NCU=1: Nsight Compute's details of the decode launches of the
+#                     self-test's profile mode (batch 64 x 4096 and 1 x 4096, bf16 and fp8 caches)
 #   pytest_gpu.log    pytest -m gpu of the decode/append tests (4 xdist workers)
 #   decode_fp8.jsonl  every decode benchmark record, each after a reference check
 #   prefill_fp8.jsonl benchmarks/prefill_fp8.py: paged prefill over the fp8 cache's staged copy
@@ -15,7 +21,8 @@
 #
 #   bash scripts/decode_round.sh [pytest args]
 #
-# SKIP_TESTS=1 / SKIP_BENCH=1 / SKIP_PEERS=1 leave a step out; WORKLOADS (default "64x4096
+# SKIP_SELFTEST=1 / SKIP_TESTS=1 / SKIP_BENCH=1 / SKIP_PEERS=1 leave a step out; NCU=1 adds the
+# Nsight Compute step; WORKLOADS (default "64x4096
 # 256x2048 1x4096 1x32768") picks the decode shapes, MIN_CHUNKS (e.g. "256 128") times kiln at
 # each split-KV minimum chunk. DEADLINE (s after the start, default 230)
 # bounds every step after the install: whatever finished is kept.
@@ -30,6 +37,26 @@ TESTS=(tests/ops/attention/test_fp8_kv.py tests/ops/attention/test_decode.py
 
 nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader \
   2>&1 | sed 's/^/gpu: /' | tee -a "$OUT/steps.log"
+# The self-test (and an earlier tree's, from .baseline/) compiles while kiln installs.
+# VARIANTS="name:-DFLAG=1 ..." also builds this tree's self-test with those flags (kernel
+# experiments), benchmarked after the others into selftest_<name>.log.
+selftest_build() {  # tree, binary, log, [nvcc flags]
+  (cd "$1" && nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90,code=sm_90 -I. ${4:-} \
+    "$OLDPWD/tests/cuda/decode_selftest.cu" -o "$2") >"$3" 2>&1
+}
+variant_pids=()
+if [ -z "${SKIP_SELFTEST:-}" ]; then
+  selftest_build . /tmp/decode_selftest "$OUT/selftest.log" &
+  selftest_pid=$!
+  for v in ${VARIANTS:-}; do
+    selftest_build . "/tmp/decode_selftest_${v%%:*}" "$OUT/selftest_${v%%:*}.log" "${v#*:}" &
+    variant_pids+=($!)
+  done
+  if [ -d .baseline/ops ]; then
+    selftest_build .baseline /tmp/decode_selftest_baseline "$OUT/selftest_baseline.log" &
+    baseline_pid=$!
+  fi
+fi
 step "install"
 . scripts/device_setup.sh
 install_kiln_and_peers /tmp/decode_setup.log "$([ -n "${SKIP_PEERS:-}" ] && echo 0 || echo "${PEERS:-1}")"
@@ -40,6 +67,43 @@ for t in //ops/attention:decode //ops/attention:page; do
     || { status=1; tail -n 40 /tmp/decode_prebuild.log; }
   grep -E "summary" /tmp/decode_prebuild.log | sed "s|^|$t: |" | tee -a "$OUT/steps.log"
 done
+
+if [ -n "${selftest_pid:-}" ]; then
+  # Each tree's check, then the two benchmarks interleaved (now, baseline, now), so drift shows.
+  runs=(now)
+  [ -n "${baseline_pid:-}" ] && wait "$baseline_pid" && runs=(now baseline now)
+  for i in "${!variant_pids[@]}"; do
+    v=${VARIANTS// /$'\n'}; v=$(sed -n "$((i + 1))p" <<<"$v")
+    wait "${variant_pids[$i]}" && runs+=("${v%%:*}")
+  done
+  if wait "$selftest_pid"; then
+    step "self-test: check"
+    timeout "$(left)" /tmp/decode_selftest check >>"$OUT/selftest.log" 2>&1 || status=1
+    grep -E "^FAIL|^check:" "$OUT/selftest.log" | tee -a "$OUT/steps.log"
+    for run in "${runs[@]}"; do
+      bin=/tmp/decode_selftest log=$OUT/selftest.log
+      [ "$run" = now ] || bin=/tmp/decode_selftest_$run log=$OUT/selftest_$run.log
+      step "self-test bench: $run"
+      timeout "$(left)" "$bin" bench >>"$log" 2>&1 || status=1
+      grep -E "^(bf16|fp8 ) " "$log" | grep -v "us)" | tail -n 8 | tee -a "$OUT/steps.log"
+    done
+    if [ -n "${NCU:-}" ]; then
+      for run in "${runs[@]:0:2}"; do
+        bin=/tmp/decode_selftest
+        [ "$run" = now ] || bin=/tmp/decode_selftest_$run
+        step "ncu: $run (self-test profile mode)"
+        timeout "$(left)" ncu --clock-control none --kernel-name regex:decode_paged --section SpeedOfLight \
+          --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+          --section SchedulerStats --section ComputeWorkloadAnalysis "$bin" profile >"$OUT/ncu_$run.txt" 2>&1 || status=1
+        grep -E "Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Issue Slots Busy" \
+          "$OUT/ncu_$run.txt" | tee -a "$OUT/steps.log"
+      done
+    fi
+  else
+    status=1
+    tail -n 20 "$OUT/selftest.log"
+  fi
+fi
 
 if [ -z "${SKIP_TESTS:-}" ]; then
   workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 4)

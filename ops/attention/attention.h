@@ -74,9 +74,9 @@ KILN_HOST_DEVICE int64_t page_at(const PagedKV& kv, int64_t request, int64_t fir
 }
 
 // Decode runs one CTA per (work item, kv head, chunk of the GQA group): the chunk is the largest
-// divisor of the group size that fits the MMA's 16 rows. The binding exports this table, so the
-// Python schedule counts CTAs with the kernel's own numbers.
-constexpr int kMaxHeadsPerCta = 16;  // the MMA's M
+// divisor of the group size that fits two MMA n-tiles of 8 heads. The binding exports this table,
+// so the Python schedule counts CTAs with the kernel's own numbers.
+constexpr int kMaxHeadsPerCta = 16;  // two n-tiles of the MMAs' N (8 heads each)
 
 inline int heads_per_cta(int64_t group_size) {
   for (int h = kMaxHeadsPerCta; h > 1; --h) {

@@ -2,16 +2,20 @@
 // attention.h for the contract.
 //
 // One CTA = one work item (request, token range) x one kv head x up to 16 of its query heads
-// (the GQA group, or a divisor of it): the query heads are the 16 rows of the MMA A operand
-// (padded with zeros), so each K/V byte is read once for the whole group and the arithmetic runs
-// on tensor cores, as in FlashAttention-2 with the query heads in place of query tokens.
-// Four warps; warp w takes the work item's tiles w, w + 4, ... (16 tokens; 32 for fp8) and streams them through
-// its own cp.async pipeline in shared memory (kStages deep, rows XOR-swizzled in 16-byte chunks so
-// ldmatrix is conflict free). Per tile: S = Q K^T (ldmatrix.x4 on K), scale / soft-cap / mask,
-// online softmax on the C fragments (one max per row per tile, quad shuffles), P packed to 16-bit
-// in registers as the A operand of O += P V (ldmatrix.x4.trans on V). At the end the four warps'
-// states merge through shared memory into out/lse, or a float32 partial slot (split-KV), which
-// the request's last CTA to finish merges (merge_if_last).
+// (the GQA group, or a divisor of it), so each K/V byte is read once for the whole group and the
+// arithmetic runs on tensor cores. The keys are the MMAs' M side and the query heads their N side:
+// S^T = K Q^T (16 tokens x 8 heads an MMA; K is the A operand, straight from ldmatrix) and
+// O^T = V^T P^T (16 dims x 8 heads; V^T from ldmatrix.trans, P^T from the S^T fragment by one
+// movmatrix a register). With GQA 4 this pads half of N, where heads on M (16 rows) padded 3/4 of
+// it: half the MMAs a token, and O is 32 registers a thread at head_dim 128, not 64. Groups of 9-16
+// heads take two n-tiles of heads (NH = 2).
+// Four warps; warp w takes the work item's tiles w, w + 4, ... (16 tokens; 32 for fp8) and streams
+// them through its own cp.async pipeline in shared memory (kStages deep, rows XOR-swizzled in
+// 16-byte chunks so ldmatrix is conflict free). Per tile: S^T = K Q^T, scale / soft-cap / mask,
+// online softmax per head (a head's keys lie in the 8 lanes with the same lane % 4: three
+// shuffles for its max), P^T packed to 16-bit by movmatrix, O^T += V^T P^T. At the end the four
+// warps' states merge through shared memory into out/lse, or a float32 partial slot (split-KV),
+// which the request's last CTA to finish merges (merge_if_last).
 // An fp8 E4M3 cache (KV = e4m3_t) is staged as bytes and converted at the MMAs, which then run on
 // f16 operands: the query is scaled (sm_scale x k_scale, in float32) and rounded to f16 once, P is
 // packed to f16 (kv_fp8.cuh has the fragment orders). Every cache's k_scale and v_scale apply
@@ -32,6 +36,7 @@
 #include "ops/common/async_copy.cuh"
 #include "ops/common/cuda_utils.cuh"
 #include "ops/common/dtypes.h"
+#include "ops/common/fast_div.cuh"
 #include "ops/common/math.h"
 #include "ops/common/mma.cuh"
 
@@ -47,18 +52,20 @@ template <typename KV, int HEAD_DIM>
 struct DecodeShape {
   static constexpr int CHUNKS = HEAD_DIM * int(sizeof(KV)) / 16;  // 16-byte chunks per token row
   static constexpr int VEC = 16 / int(sizeof(KV));
-  // Tokens per warp per pipeline stage, in MMA k-steps of 16 for P V: an fp8 cache takes 32, so a
-  // stage holds the bytes of a 16-bit one and each step of a warp's serial chain (wait, QK, softmax,
-  // PV) moves twice the tokens; the chain, not bandwidth, bounded 16-token fp8 tiles (0.76x bf16).
+  // Tokens per warp per pipeline stage, in MMA m-tiles of 16: an fp8 cache takes 32, so a stage
+  // holds the bytes of a 16-bit one and each step of a warp's serial chain (wait, QK, softmax, PV)
+  // moves twice the tokens; the chain, not bandwidth, bounded 16-token fp8 tiles (0.76x bf16).
   static constexpr int TILE = sizeof(KV) == 1 ? 32 : 16;
   static constexpr int STAGES = HEAD_DIM >= 256 ? 2 : 3;
-  static constexpr int KSTEPS = HEAD_DIM / 16;  // MMA k-steps of Q K^T
-  static constexpr int NTILES = HEAD_DIM / 8;   // MMA n-tiles of P V
+  static constexpr int KSTEPS = HEAD_DIM / 16;  // MMA k-steps of S^T = K Q^T
+  static constexpr int DTILES = HEAD_DIM / 16;  // MMA m-tiles of O^T = V^T P^T (16 dims each)
   // Per warp: [stage][K, V][token][chunk] 16-byte units.
   static constexpr int kWarpUnits = STAGES * 2 * TILE * CHUNKS;
   static constexpr size_t kStagingBytes = size_t(kDecodeWarps) * kWarpUnits * 16;
-  // Merge of the warps: m and l per [warp][row], o per [warp][row][dim], float32.
-  static constexpr size_t kCombineBytes = size_t(kDecodeWarps) * kMaxHeadsPerCta * (HEAD_DIM + 2) * 4;
+  // Merge of the warps: m and l per [warp][head], o per [warp][head][dim] (rows padded by 4 floats:
+  // the lanes storing one dim for heads 2t apart then hit different banks), float32.
+  static constexpr int kCombineRow = HEAD_DIM + 4;
+  static constexpr size_t kCombineBytes = size_t(kDecodeWarps) * kMaxHeadsPerCta * (kCombineRow + 2) * 4;
   static constexpr size_t kSmemBytes = kStagingBytes > kCombineBytes ? kStagingBytes : kCombineBytes;
   static_assert(CHUNKS >= 4 && CHUNKS % 2 == 0, "the swizzle needs at least 4 chunks per row");
   // The physical chunk of (token row, chunk): ldmatrix reads one chunk of 8 consecutive rows, and
@@ -84,6 +91,7 @@ struct DecodeShape {
 // inlined, and its arguments by value (a reference to the kernel's parameters would copy them
 // all to local memory at entry): the decode loop's registers stay what they are without it.
 struct SplitMerge {
+  int units;  // CTAs per work item (kv heads x head chunks)
   const int32_t* work_merge_index;
   const int32_t* merge_indptr;
   int32_t* merge_counter;
@@ -97,8 +105,8 @@ struct SplitMerge {
 };
 
 template <typename T, int HEAD_DIM>
-__device__ __noinline__ void merge_if_last(const SplitMerge p, uint4* smem, int work, int request, int qo_head0,
-                                           int heads) {
+__device__ __noinline__ void merge_if_last(const SplitMerge p, uint4* smem, int work, int unit, int request,
+                                           int qo_head0, int heads) {
   int* last = reinterpret_cast<int*>(smem);
   const int m = p.work_merge_index[work];
   const bool valid = m >= 0 && m < p.merge_capacity;  // else the plan is corrupt: nothing is written
@@ -107,7 +115,7 @@ __device__ __noinline__ void merge_if_last(const SplitMerge p, uint4* smem, int 
     *last = 0;
     if (valid) {
       __threadfence();
-      int* counter = p.merge_counter + int64_t(m) * gridDim.y + blockIdx.y;
+      int* counter = p.merge_counter + int64_t(m) * p.units + unit;
       const int pieces = p.merge_indptr[m + 1] - p.merge_indptr[m];
       if (atomicAdd(counter, 1) == pieces - 1) {
         *last = 1;
@@ -161,20 +169,26 @@ __device__ __noinline__ void merge_if_last(const SplitMerge p, uint4* smem, int 
   }
 }
 
-template <typename T, typename KV, int HEAD_DIM, bool SOFTCAP>
+// NH: n-tiles of query heads (8 each): heads_per_cta <= 8 NH.
+template <typename T, typename KV, int HEAD_DIM, bool SOFTCAP, int NH>
 __global__ void __launch_bounds__(kDecodeThreads)
-    decode_paged_kernel(const DecodeParams p, int heads_per_cta, int64_t* errors) {
+    decode_paged_kernel(const DecodeParams p, int heads_per_cta, const FastDiv page_div, int64_t* errors) {
   constexpr bool FP8 = sizeof(KV) == 1;
   using MT = std::conditional_t<FP8, __half, T>;  // the MMAs' operand type
   using S = DecodeShape<KV, HEAD_DIM>;
-  constexpr int CHUNKS = S::CHUNKS, VEC = S::VEC, STAGES = S::STAGES, KSTEPS = S::KSTEPS, NTILES = S::NTILES;
-  constexpr int TILE = S::TILE, TN = TILE / 8, TK = TILE / 16;  // S n-tiles, P V k-steps per tile
+  constexpr int CHUNKS = S::CHUNKS, VEC = S::VEC, STAGES = S::STAGES, KSTEPS = S::KSTEPS, DTILES = S::DTILES;
+  constexpr int TILE = S::TILE, TM = TILE / 16;   // token m-tiles per tile
+  constexpr int kHeadLanes = 4, kTokenLanes = 8;  // a head's keys: the lanes of one lane % 4, xor 4, 8, 16
   extern __shared__ uint4 smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   uint4* wbuf = smem + warp * S::kWarpUnits;  // this warp's pipeline
 
-  const int work = blockIdx.x;
+  // The grid walks a work item's kv heads (x head chunks) fastest, so the CTAs reading the slices
+  // of the same token rows run side by side: 8 NHD heads' 256-byte slices make one 2 KB row,
+  // fetched from DRAM together (B256 L2048: 491 against 507 us with the work item fastest).
+  const int units = int(p.num_kv_heads) * (int(p.num_qo_heads / p.num_kv_heads) / heads_per_cta);
+  const int unit = int(blockIdx.x % units), work = int(blockIdx.x / units);
   const int request = p.work_request[work];
   if (request < 0) return;  // padding entry (CUDA-graph capacity)
   const int tok_begin = p.work_token_begin[work];
@@ -182,40 +196,49 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int out_index = p.work_out_index[work];
   const int group_size = int(p.num_qo_heads / p.num_kv_heads);
   const int head_chunks = group_size / heads_per_cta;
-  const int kv_head = blockIdx.y / head_chunks;
-  const int qo_head0 = kv_head * group_size + (blockIdx.y % head_chunks) * heads_per_cta;
+  const int kv_head = unit / head_chunks;
+  const int qo_head0 = kv_head * group_size + (unit % head_chunks) * heads_per_cta;
 
-  // Q as the A operand: rows g and g+8 are query heads (zero beyond heads_per_cta). fp8: the
-  // dims in k_operands' order, times the logit scale (so S is in log2 units, or logit / cap with
-  // a soft-cap) and k_scale, rounded to f16 (clamped to its range: 65504 is beyond any real logit).
+  // Q^T as the B operands: lane (g, t) holds head 8 nh + g (zero beyond heads_per_cta), dims
+  // 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1) of each k-step. fp8: the dims in k_operands' order, times
+  // the logit scale (so S is in log2 units, or logit / cap with a soft-cap) and k_scale, rounded to
+  // f16 (clamped to its range: 65504 is beyond any real logit).
   const float logit_scale = SOFTCAP ? p.sm_scale / p.soft_cap : p.sm_scale * kLog2e;
-  uint32_t qa[KSTEPS][4];
+  uint32_t qb[KSTEPS][NH][2];
   {
     const T* q = static_cast<const T*>(p.q) + request * p.q_stride_b + qo_head0 * p.q_stride_h;
     const float q_scale = logit_scale * p.k_scale;
 #pragma unroll
-    for (int kk = 0; kk < KSTEPS; ++kk) {
+    for (int nh = 0; nh < NH; ++nh) {
+      const int head = nh * 8 + g;
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int row = g + (r & 1) * 8;
-        const int col = FP8 ? fp8::qk_dim(kk, r, t) : kk * 16 + 2 * t + (r >> 1) * 8;
-        const uint32_t pair =
-            row < heads_per_cta ? *reinterpret_cast<const uint32_t*>(q + row * p.q_stride_h + col) : 0u;
-        if constexpr (FP8) {
-          const T* e = reinterpret_cast<const T*>(&pair);
-          auto scaled = [&](T x) { return fminf(fmaxf(Convert<T>::to_float(x) * q_scale, -65504.0f), 65504.0f); };
-          qa[kk][r] = pack2<__half>(scaled(e[0]), scaled(e[1]));
-        } else {
-          qa[kk][r] = pair;
+      for (int kk = 0; kk < KSTEPS; ++kk) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int col = FP8 ? fp8::qk_dim(kk, half, t) : kk * 16 + 2 * t + half * 8;
+          const uint32_t pair =
+              head < heads_per_cta ? *reinterpret_cast<const uint32_t*>(q + head * p.q_stride_h + col) : 0u;
+          if constexpr (FP8) {
+            const T* e = reinterpret_cast<const T*>(&pair);
+            auto scaled = [&](T x) { return fminf(fmaxf(Convert<T>::to_float(x) * q_scale, -65504.0f), 65504.0f); };
+            qb[kk][nh][half] = pack2<__half>(scaled(e[0]), scaled(e[1]));
+          } else {
+            qb[kk][nh][half] = pair;
+          }
         }
       }
     }
   }
-  float o[NTILES][4];
+  // O^T accumulators: o[c][nh] rows are dims of m-tile c, columns heads 8 nh + 2t, +1.
+  float o[DTILES][NH][4];
 #pragma unroll
-  for (int n = 0; n < NTILES; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  float m[2] = {neg_inf(), neg_inf()};  // running max of rows g, g+8 (log2 units)
-  float l[2] = {0.0f, 0.0f};            // this lane's share of the running sums
+  for (int c = 0; c < DTILES; ++c) {
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) o[c][nh][0] = o[c][nh][1] = o[c][nh][2] = o[c][nh][3] = 0.0f;
+  }
+  float m[NH][2], l[NH][2];  // heads 8 nh + 2t + j: running max (log2 units), this lane's share of the sum
+#pragma unroll
+  for (int nh = 0; nh < NH; ++nh) m[nh][0] = m[nh][1] = neg_inf(), l[nh][0] = l[nh][1] = 0.0f;
 
   const PagedKV& kv = p.kv;
   const int64_t first_page = kv.page_indptr[request];
@@ -227,35 +250,72 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int my_tiles = num_tiles > warp ? (num_tiles - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
 
   // Copies are coalesced: one cp.async instruction covers 32 / CHUNKS whole token rows (two
-  // 256-byte rows at head_dim 128). Lanes 0..TILE-1 look up the page and slot of the tile's tokens
-  // once and the copying lanes fetch them by shuffle.
+  // 256-byte rows at head_dim 128), lane l copying 16-byte chunk l % CHUNKS of rows
+  // l / CHUNKS + kRowsPerCopy c.
   constexpr int kRowsPerCopy = 32 / CHUNKS;
-  const int copy_chunk = lane % CHUNKS;
+  const int copy_chunk = lane % CHUNKS, copy_row = lane / CHUNKS;
+  // Pages of 16k tokens with the item starting on a 16-token boundary (the plan's chunks are
+  // multiples of 64): each 16-row m-tile of a tile lies in one page, so it takes one page id and a
+  // row's address is the m-tile's plus row x slot stride. Other caches look up a page per token
+  // (lanes 0..TILE-1) and hand it to the copying lanes by shuffle. (The per-row shuffles and
+  // 64-bit products were ~200 of a 16-bit tile loop's ~670 instructions.)
+  const bool whole_pages = kv.page_size % 16 == 0 && tok_begin % 16 == 0;
+  const int64_t k_row_step = kRowsPerCopy * kv.k_slot_stride, v_row_step = kRowsPerCopy * kv.v_slot_stride;
+  static_assert(16 % kRowsPerCopy == 0, "a copy instruction's rows lie in one m-tile");
   auto issue = [&](int stage, int tile) {
     const int tile_tok0 = tok_begin + (warp + tile * kDecodeWarps) * TILE;
-    const int my_tok = tile_tok0 + (lane % TILE);
-    const uint32_t utok = my_tok < tok_end ? static_cast<uint32_t>(my_tok) : 0u;
-    // -1: past the request, or no page (recorded after the copies are issued; its rows are not read)
-    const int my_page = my_tok < tok_end ? static_cast<int>(load_page(kv, first_page, utok / page_size)) : -1;
-    const bool missing = my_tok < tok_end && my_page < 0;
-    const int my_slot = static_cast<int>(utok % page_size);
-    uint4* kdst = wbuf + (stage * 2 + 0) * TILE * CHUNKS;
-    uint4* vdst = wbuf + (stage * 2 + 1) * TILE * CHUNKS;
+    uint4* kdst = wbuf + (stage * 2 + 0) * TILE * CHUNKS + copy_row * CHUNKS;
+    uint4* vdst = wbuf + (stage * 2 + 1) * TILE * CHUNKS + copy_row * CHUNKS;
+    if (whole_pages) {
 #pragma unroll
-    for (int c = 0; c < TILE / kRowsPerCopy; ++c) {
-      const int row = c * kRowsPerCopy + lane / CHUNKS;
-      const int row_page = __shfl_sync(0xffffffffu, my_page, row);
-      const int64_t slot = __shfl_sync(0xffffffffu, my_slot, row);
-      const bool valid = row_page >= 0;
-      const int64_t page = valid ? row_page : 0;
-      const int phys = row * CHUNKS + S::swizzle(row, copy_chunk);
-      cp_async_16(kdst + phys, k_head + page * kv.k_page_stride + slot * kv.k_slot_stride + copy_chunk * VEC, valid);
-      cp_async_16(vdst + phys, v_head + page * kv.v_page_stride + slot * kv.v_slot_stride + copy_chunk * VEC, valid);
-    }
-    cp_async_commit();
-    if (missing) {  // cold: say why, and poison the CTA's outputs
-      record_page_error(kv, request, first_page, utok / page_size, errors);
-      bad = true;
+      for (int mt = 0; mt < TM; ++mt) {
+        const int tok0 = tile_tok0 + mt * 16;
+        const uint32_t page_index = page_div.div(static_cast<uint32_t>(tok0));
+        // The same address in every lane; none past the item (its rows are zero-filled, not read).
+        const int64_t id = tok0 < tok_end ? load_page(kv, first_page, page_index) : -1;
+        const int64_t page = id >= 0 ? id : 0;
+        const int64_t slot0 = tok0 - int64_t(page_index) * kv.page_size + copy_row;
+        const KV* ksrc = k_head + page * kv.k_page_stride + slot0 * kv.k_slot_stride + copy_chunk * VEC;
+        const KV* vsrc = v_head + page * kv.v_page_stride + slot0 * kv.v_slot_stride + copy_chunk * VEC;
+#pragma unroll
+        for (int c = 0; c < 16 / kRowsPerCopy; ++c) {
+          const int row = mt * 16 + c * kRowsPerCopy + copy_row;
+          const bool valid = id >= 0 && tile_tok0 + row < tok_end;
+          const int phys = (row - copy_row) * CHUNKS + S::swizzle(row, copy_chunk);
+          cp_async_16(kdst + phys, ksrc, valid);
+          cp_async_16(vdst + phys, vsrc, valid);
+          ksrc += k_row_step;
+          vsrc += v_row_step;
+        }
+        if (tok0 < tok_end && id < 0) {  // cold: say why (once), and poison the CTA's outputs
+          if (lane == 0) record_page_error(kv, request, first_page, page_index, errors);
+          bad = true;
+        }
+      }
+      cp_async_commit();
+    } else {
+      const int my_tok = tile_tok0 + lane % TILE;
+      const uint32_t utok = my_tok < tok_end ? static_cast<uint32_t>(my_tok) : 0u;
+      const uint32_t my_page_index = page_div.div(utok);
+      // -1: past the request, or no page (recorded after the copies are issued; its rows are not read)
+      const int my_page = my_tok < tok_end ? static_cast<int>(load_page(kv, first_page, my_page_index)) : -1;
+      const int my_slot = static_cast<int>(utok - my_page_index * page_size);
+#pragma unroll
+      for (int c = 0; c < TILE / kRowsPerCopy; ++c) {
+        const int row = c * kRowsPerCopy + copy_row;
+        const int row_page = __shfl_sync(0xffffffffu, my_page, row);
+        const int64_t slot = __shfl_sync(0xffffffffu, my_slot, row);
+        const bool valid = row_page >= 0;
+        const int64_t page = valid ? row_page : 0;
+        const int phys = c * kRowsPerCopy * CHUNKS + S::swizzle(row, copy_chunk);
+        cp_async_16(kdst + phys, k_head + page * kv.k_page_stride + slot * kv.k_slot_stride + copy_chunk * VEC, valid);
+        cp_async_16(vdst + phys, v_head + page * kv.v_page_stride + slot * kv.v_slot_stride + copy_chunk * VEC, valid);
+      }
+      cp_async_commit();
+      if (my_tok < tok_end && my_page < 0) {  // cold: say why, and poison the CTA's outputs
+        record_page_error(kv, request, first_page, my_page_index, errors);
+        bad = true;
+      }
     }
   };
 
@@ -268,6 +328,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
     }
   }
   const float scale = FP8 ? 1.0f : logit_scale * p.k_scale;  // fp8: folded into the query
+  // ldmatrix addressing: lanes 8j..8j+7 give the rows of matrix j. Matrices 0/1 are the m-tile's
+  // tokens 0-7 / 8-15 (A rows g and g+8), 2/3 the same tokens one chunk on (A columns 8-15).
   const int ld_row = lane % 8, ld_mat = lane / 8;
   for (int tile = 0; tile < my_tiles; ++tile) {
     if (tile + STAGES - 1 < my_tiles) {
@@ -281,102 +343,123 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const uint4* kt = wbuf + (stage * 2 + 0) * TILE * CHUNKS;
     const uint4* vt = wbuf + (stage * 2 + 1) * TILE * CHUNKS;
 
-    // S = Q K^T over the tile's tokens: TN n-tiles of 8 tokens, 16 tokens (h) at a time.
-    float s[TN][4] = {};
+    // S^T = K Q^T: s[mt][nh] rows are tokens 16 mt + g, +8; columns heads 8 nh + 2t, +1.
+    float s[TM][NH][4] = {};
 #pragma unroll
-    for (int h = 0; h < TK; ++h) {
+    for (int mt = 0; mt < TM; ++mt) {
+      const int tok = mt * 16 + (ld_mat % 2) * 8 + ld_row;
       if constexpr (FP8) {
 #pragma unroll
-        for (int kk = 0; kk < KSTEPS; kk += 2) {
-          uint32_t r[4];  // ldmatrix: matrix j = tokens 16 h + (j / 2) * 8.., chunk kk + j % 2 (16 dims)
-          const int tok = h * 16 + (ld_mat / 2) * 8 + ld_row, chunk = kk + ld_mat % 2;
-          ldmatrix_x4(r, kt + tok * CHUNKS + S::swizzle(tok, chunk));
+        for (int kk = 0; kk < KSTEPS; kk += 2) {  // a 16-byte chunk holds one k-step of fp8 dims
+          uint32_t r[4];
+          ldmatrix_x4(r, kt + tok * CHUNKS + S::swizzle(tok, kk + ld_mat / 2));
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            uint32_t b0, b1;
-            fp8::k_operands(r[j], b0, b1);
-            mma_16x8x16<MT>(s[2 * h + j / 2], qa[kk + j % 2], b0, b1);
+          for (int c2 = 0; c2 < 2; ++c2) {
+            uint32_t a[4];
+            fp8::k_operands(r[2 * c2], a[0], a[2]);      // tokens g: k positions 2t.., 2t+8..
+            fp8::k_operands(r[2 * c2 + 1], a[1], a[3]);  // tokens g + 8
+#pragma unroll
+            for (int nh = 0; nh < NH; ++nh) mma_16x8x16<MT>(s[mt][nh], a, qb[kk + c2][nh][0], qb[kk + c2][nh][1]);
           }
         }
       } else {
 #pragma unroll
         for (int kk = 0; kk < KSTEPS; ++kk) {
-          uint32_t b[4];  // ldmatrix: matrix j = tokens 16 h + (j / 2) * 8.., chunk 2 kk + j % 2
-          const int tok = h * 16 + (ld_mat / 2) * 8 + ld_row, chunk = 2 * kk + ld_mat % 2;
-          ldmatrix_x4(b, kt + tok * CHUNKS + S::swizzle(tok, chunk));
-          mma_16x8x16<MT>(s[2 * h], qa[kk], b[0], b[1]);
-          mma_16x8x16<MT>(s[2 * h + 1], qa[kk], b[2], b[3]);
+          uint32_t a[4];
+          ldmatrix_x4(a, kt + tok * CHUNKS + S::swizzle(tok, 2 * kk + ld_mat / 2));
+#pragma unroll
+          for (int nh = 0; nh < NH; ++nh) mma_16x8x16<MT>(s[mt][nh], a, qb[kk][nh][0], qb[kk][nh][1]);
         }
       }
     }
     const int tile_tok0 = tok_begin + (warp + tile * kDecodeWarps) * TILE;
-    float row_max[2] = {neg_inf(), neg_inf()};
+    const bool partial = tile_tok0 + TILE > tok_end;  // only the item's last tile has keys past its end
+    float col_max[NH][2];
 #pragma unroll
-    for (int n = 0; n < TN; ++n) {
+    for (int nh = 0; nh < NH; ++nh) col_max[nh][0] = col_max[nh][1] = neg_inf();
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float x = s[n][i] * scale;
-        if constexpr (SOFTCAP) x = tanhf(x) * (p.soft_cap * kLog2e);
-        const bool valid = tile_tok0 + n * 8 + 2 * t + (i & 1) < tok_end;
-        s[n][i] = valid ? x : neg_inf();
-        row_max[i >> 1] = fmaxf(row_max[i >> 1], s[n][i]);
+    for (int mt = 0; mt < TM; ++mt) {
+#pragma unroll
+      for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float x = s[mt][nh][i] * scale;
+          if constexpr (SOFTCAP) x = tanhf(x) * (p.soft_cap * kLog2e);
+          if (partial && tile_tok0 + mt * 16 + g + (i >> 1) * 8 >= tok_end) x = neg_inf();
+          s[mt][nh][i] = x;
+          col_max[nh][i & 1] = fmaxf(col_max[nh][i & 1], x);
+        }
       }
     }
-    float rescale[2];
+    float rescale[NH][2], m_use[NH][2];
+    bool moved = false;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float m_use;  // (P below is scale_from(s, m), which handles a row with no key itself)
-      rescale[r] = online_softmax_step(row_max[r], 1.0f, m[r], l[r], m_use);
-    }
+    for (int nh = 0; nh < NH; ++nh) {
 #pragma unroll
-    for (int n = 0; n < NTILES; ++n) {
-      o[n][0] *= rescale[0];
-      o[n][1] *= rescale[0];
-      o[n][2] *= rescale[1];
-      o[n][3] *= rescale[1];
-    }
-    // P = exp2(S - m), as the A operands of P V, one per k-step of 16 tokens (the C layout of two
-    // n-tiles is A's layout).
-    uint32_t pa[TK][4];
-#pragma unroll
-    for (int n = 0; n < TN; ++n) {
-      float e[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        e[i] = scale_from(s[n][i], m[i >> 1]);
-        l[i >> 1] += e[i];
+      for (int j = 0; j < 2; ++j) {
+        rescale[nh][j] =
+            online_softmax_step<kHeadLanes, kTokenLanes>(col_max[nh][j], 1.0f, m[nh][j], l[nh][j], m_use[nh][j]);
+        moved |= rescale[nh][j] != 1.0f;
       }
-      pa[n / 2][2 * (n % 2) + 0] = pack2<MT>(e[0], e[1]);
-      pa[n / 2][2 * (n % 2) + 1] = pack2<MT>(e[2], e[3]);
     }
-    // O += P V per k-step h: ldmatrix.trans matrix j = tokens 16 h + (j % 2) * 8.., chunk (16-bit:
-    // 2 np + j / 2; fp8: 2 np + j / 2 of 16 dims, two n-tiles each).
+    if (__any_sync(0xffffffffu, moved)) {  // once the maxima settle, most tiles move none
 #pragma unroll
-    for (int h = 0; h < TK; ++h) {
+      for (int c = 0; c < DTILES; ++c) {
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) {
+          o[c][nh][0] *= rescale[nh][0];
+          o[c][nh][1] *= rescale[nh][1];
+          o[c][nh][2] *= rescale[nh][0];
+          o[c][nh][3] *= rescale[nh][1];
+        }
+      }
+    }
+    // P^T = exp2(S^T - m) as the B operands of O^T += V^T P^T, one k-step per token m-tile: the
+    // S^T fragment's 8 x 8 halves (tokens g / g + 8 x heads 2t, 2t+1), packed and transposed,
+    // are b0 / b1 (tokens 2t, 2t+1 / 2t+8, 2t+9 of head g).
+    uint32_t pb[TM][NH][2];
+#pragma unroll
+    for (int mt = 0; mt < TM; ++mt) {
+#pragma unroll
+      for (int nh = 0; nh < NH; ++nh) {
+        float e[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          e[i] = fast_exp2(s[mt][nh][i] - m_use[nh][i & 1]);
+          l[nh][i & 1] += e[i];
+        }
+        pb[mt][nh][0] = movmatrix_trans(pack2<MT>(e[0], e[1]));
+        pb[mt][nh][1] = movmatrix_trans(pack2<MT>(e[2], e[3]));
+      }
+    }
+    // O^T += V^T P^T per token m-tile mt, with V^T from ldmatrix.trans (16-bit: matrices 0/1 the
+    // tokens 0-7 of dims 0-7 / 8-15 of m-tile c, 2/3 tokens 8-15; fp8: matrices 0/1 the tokens
+    // 0-7 / 8-15 of chunk c, 2/3 of chunk c + 1, each a whole m-tile of 16 dims after v_operands).
+#pragma unroll
+    for (int mt = 0; mt < TM; ++mt) {
       if constexpr (FP8) {
+        const int tok = mt * 16 + (ld_mat % 2) * 8 + ld_row;
 #pragma unroll
-        for (int np = 0; np < NTILES / 4; ++np) {
+        for (int c = 0; c < DTILES; c += 2) {
           uint32_t r[4];
-          const int tok = h * 16 + (ld_mat % 2) * 8 + ld_row, chunk = 2 * np + ld_mat / 2;
-          ldmatrix_x4_trans(r, vt + tok * CHUNKS + S::swizzle(tok, chunk));
+          ldmatrix_x4_trans(r, vt + tok * CHUNKS + S::swizzle(tok, c + ld_mat / 2));
 #pragma unroll
           for (int c2 = 0; c2 < 2; ++c2) {
-            uint32_t even0, odd0, even1, odd1;
-            fp8::v_operands(r[2 * c2], even0, odd0);      // tokens 16 h + 0..7
-            fp8::v_operands(r[2 * c2 + 1], even1, odd1);  // tokens 16 h + 8..15
-            const int c = 2 * np + c2;
-            mma_16x8x16<MT>(o[2 * c], pa[h], even0, even1);
-            mma_16x8x16<MT>(o[2 * c + 1], pa[h], odd0, odd1);
+            uint32_t a[4];
+            fp8::v_operands(r[2 * c2], a[0], a[1]);      // tokens 0-7: rows g (dim 2g), g + 8 (2g + 1)
+            fp8::v_operands(r[2 * c2 + 1], a[2], a[3]);  // tokens 8-15
+#pragma unroll
+            for (int nh = 0; nh < NH; ++nh) mma_16x8x16<MT>(o[c + c2][nh], a, pb[mt][nh][0], pb[mt][nh][1]);
           }
         }
       } else {
+        const int tok = mt * 16 + (ld_mat / 2) * 8 + ld_row;
 #pragma unroll
-        for (int np = 0; np < NTILES / 2; ++np) {
-          uint32_t b[4];
-          const int tok = h * 16 + (ld_mat % 2) * 8 + ld_row, chunk = 2 * np + ld_mat / 2;
-          ldmatrix_x4_trans(b, vt + tok * CHUNKS + S::swizzle(tok, chunk));
-          mma_16x8x16<MT>(o[2 * np], pa[h], b[0], b[1]);
-          mma_16x8x16<MT>(o[2 * np + 1], pa[h], b[2], b[3]);
+        for (int c = 0; c < DTILES; ++c) {
+          uint32_t a[4];
+          ldmatrix_x4_trans(a, vt + tok * CHUNKS + S::swizzle(tok, 2 * c + ld_mat % 2));
+#pragma unroll
+          for (int nh = 0; nh < NH; ++nh) mma_16x8x16<MT>(o[c][nh], a, pb[mt][nh][0], pb[mt][nh][1]);
         }
       }
     }
@@ -386,28 +469,36 @@ __global__ void __launch_bounds__(kDecodeThreads)
   // The staging buffers become the combine buffer; and a bad page anywhere poisons the CTA's rows.
   const bool poisoned = __syncthreads_or(bad);
 
-  // Row sums over the quad, then each warp's (m, l, o) into shared memory.
+  // Head sums over the 8 lanes holding a head's keys, then each warp's (m, l, o) into shared memory.
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) l[nh][j] = row_sum_over_lanes<kHeadLanes, kTokenLanes>(l[nh][j]);
   }
-  float* c_m = reinterpret_cast<float*>(smem);        // [warp][row]
-  float* c_l = c_m + kDecodeWarps * kMaxHeadsPerCta;  // [warp][row]
-  float* c_o = c_l + kDecodeWarps * kMaxHeadsPerCta;  // [warp][row][dim]
-  if (t == 0) {
-    c_m[warp * kMaxHeadsPerCta + g] = m[0];
-    c_m[warp * kMaxHeadsPerCta + g + 8] = m[1];
-    c_l[warp * kMaxHeadsPerCta + g] = l[0];
-    c_l[warp * kMaxHeadsPerCta + g + 8] = l[1];
+  constexpr int ROW = S::kCombineRow;
+  float* c_m = reinterpret_cast<float*>(smem);        // [warp][head]
+  float* c_l = c_m + kDecodeWarps * kMaxHeadsPerCta;  // [warp][head]
+  float* c_o = c_l + kDecodeWarps * kMaxHeadsPerCta;  // [warp][head][ROW]
+  if (g == 0) {
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        c_m[warp * kMaxHeadsPerCta + nh * 8 + 2 * t + j] = m[nh][j];
+        c_l[warp * kMaxHeadsPerCta + nh * 8 + 2 * t + j] = l[nh][j];
+      }
+    }
   }
 #pragma unroll
-  for (int n = 0; n < NTILES; ++n) {
+  for (int c = 0; c < DTILES; ++c) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int row = g + (i >> 1) * 8, j = 2 * t + (i & 1);
-      const int col = FP8 ? fp8::pv_dim(n, j) : n * 8 + j;
-      c_o[(warp * kMaxHeadsPerCta + row) * HEAD_DIM + col] = o[n][i];
+    for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int head = nh * 8 + 2 * t + (i & 1), row = g + (i >> 1) * 8;
+        const int dim = FP8 ? fp8::pv_dim(c, row) : c * 16 + row;
+        c_o[(warp * kMaxHeadsPerCta + head) * ROW + dim] = o[c][nh][i];
+      }
     }
   }
   __syncthreads();
@@ -421,7 +512,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     for (int w = 0; w < kDecodeWarps; ++w) {
       const float wgt = scale_from(c_m[w * kMaxHeadsPerCta + row], m_all);
       l_all += wgt * c_l[w * kMaxHeadsPerCta + row];
-      acc += wgt * c_o[(w * kMaxHeadsPerCta + row) * HEAD_DIM + col];
+      acc += wgt * c_o[(w * kMaxHeadsPerCta + row) * ROW + col];
     }
     const float value = poisoned ? quiet_nan() : l_all > 0.0f ? acc / l_all * p.v_scale : 0.0f;
     const float lse = poisoned ? quiet_nan() : merged_lse(m_all, l_all);
@@ -435,10 +526,11 @@ __global__ void __launch_bounds__(kDecodeThreads)
     }
   }
   if (out_index >= 0) {
-    const SplitMerge merge{p.work_merge_index, p.merge_indptr, p.merge_counter, p.merge_capacity,
-                           p.num_qo_heads,     p.partial_out,  p.partial_lse,   p.out,
-                           p.out_stride_b,     p.out_stride_h, p.lse,           p.lse_stride_b};
-    merge_if_last<T, HEAD_DIM>(merge, smem, work, request, qo_head0, heads_per_cta);
+    const SplitMerge merge{
+        units,         p.work_merge_index, p.merge_indptr, p.merge_counter, p.merge_capacity, p.num_qo_heads,
+        p.partial_out, p.partial_lse,      p.out,          p.out_stride_b,  p.out_stride_h,   p.lse,
+        p.lse_stride_b};
+    merge_if_last<T, HEAD_DIM>(merge, smem, work, unit, request, qo_head0, heads_per_cta);
   }
 }
 
@@ -455,16 +547,26 @@ Status launch_decode(const DecodeParams& p, LaunchContext ctx) {
   const auto stream = static_cast<cudaStream_t>(ctx.stream);
   const int64_t group_size = p.num_qo_heads / p.num_kv_heads;
   const int heads = heads_per_cta(group_size);
-  const dim3 grid(static_cast<unsigned>(p.work_capacity), static_cast<unsigned>(p.num_kv_heads * (group_size / heads)));
-  if (grid.y > 65535) return Status::Error(1, "decode: too many kv heads x head chunks for one launch");
-  using S = DecodeShape<KV, HEAD_DIM>;
-  constexpr auto kernel = decode_paged_kernel<T, KV, HEAD_DIM, SOFTCAP>;
-  Status st = cuda_status(allow_smem<kernel>(S::kSmemBytes, device), "decode: raising the shared-memory limit");
-  if (!st.ok()) return st;
+  const int64_t units = p.num_kv_heads * (group_size / heads);
+  if (p.work_capacity * units > 0x7fffffffLL) {
+    return Status::Error(1, "decode: " + std::to_string(p.work_capacity) + " work items x " + std::to_string(units) +
+                                " CTAs each exceed one launch's grid (2^31 - 1)");
+  }
+  const dim3 grid(static_cast<unsigned>(p.work_capacity * units));
   if (p.merge_capacity > 0 && p.merge_counter == nullptr) {
     return Status::Error(1, "decode: a split-KV plan needs its merge_counter buffer");
   }
-  kernel<<<grid, kDecodeThreads, S::kSmemBytes, stream>>>(p, heads, ctx.errors);
+  using S = DecodeShape<KV, HEAD_DIM>;
+  // One n-tile of query heads up to 8 a CTA (every GQA group of <= 8), two up to 16.
+  constexpr auto kernel1 = decode_paged_kernel<T, KV, HEAD_DIM, SOFTCAP, 1>;
+  constexpr auto kernel2 = decode_paged_kernel<T, KV, HEAD_DIM, SOFTCAP, 2>;
+  const auto kernel = heads <= 8 ? kernel1 : kernel2;
+  Status st =
+      cuda_status(heads <= 8 ? allow_smem<kernel1>(S::kSmemBytes, device) : allow_smem<kernel2>(S::kSmemBytes, device),
+                  "decode: raising the shared-memory limit");
+  if (!st.ok()) return st;
+  const FastDiv page_div(static_cast<uint32_t>(p.kv.page_size));
+  kernel<<<grid, kDecodeThreads, S::kSmemBytes, stream>>>(p, heads, page_div, ctx.errors);
   return cuda_status(cudaGetLastError(), "decode kernel launch");
 }
 

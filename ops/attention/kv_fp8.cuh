@@ -4,14 +4,16 @@
 // v_scale are applied in float32 outside the MMAs: k_scale folded into the query, v_scale into the
 // output.
 //
-// ldmatrix moves 16-bit units, so an 8 x 8 matrix of fp8 rows is 8 rows x 16 bytes, and the
-// fragments come out with the fp8 pairs in another order than m16n8k16 wants:
-//   K (ldmatrix, not transposed): lane (g, t) holds bytes 4t .. 4t+3 of row g, four consecutive
-//     dims. They serve as k positions 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1): the query's A operand
-//     takes its dims in the same order (qk_dims), and the dot product is unchanged.
-//   V (ldmatrix.trans): lane (g, t) holds rows 2t, 2t+1 x bytes 2g, 2g+1 (dims 2g, 2g+1 of two
-//     tokens). A byte permute splits them into two B operands, one per dim, so one transposed
-//     matrix feeds two n-tiles: n-tile 2c + p of chunk c has dims 16c + 2j + p (pv_dim).
+// Decode puts the keys on the MMAs' M side (S^T = K Q^T, O^T = V^T P^T), so K and V^T are A
+// operands. ldmatrix moves 16-bit units, so an 8 x 8 matrix of fp8 rows is 8 rows x 16 bytes, and
+// the fragments come out with the fp8 pairs in another order than m16n8k16 wants:
+//   K (ldmatrix, not transposed): lane (g, t) holds bytes 4t .. 4t+3 of token row g, four
+//     consecutive dims. They serve as k positions 2t, 2t+1 (a0 / a1) and 2t+8, 2t+9 (a2 / a3): the
+//     query's B operand takes its dims in the same order (qk_dim), and the dot product is unchanged.
+//   V (ldmatrix.trans): lane (g, t) holds tokens 2t, 2t+1 x bytes 2g, 2g+1 (dims 2g, 2g+1 of two
+//     tokens). A byte permute splits them into the A rows of dim 2g (row g) and of dim 2g+1 (row
+//     g + 8), so one transposed matrix feeds one 16-row m-tile: row r of m-tile c is dim
+//     16c + 2 (r % 8) + r / 8 (pv_dim).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -27,30 +29,30 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
-// A K fragment register (four E4M3 dims of one token) -> the B operand pair (b0, b1).
-__device__ __forceinline__ void k_operands(uint32_t r, uint32_t& b0, uint32_t& b1) {
-  b0 = e4m3x2_to_f16x2(r);
-  b1 = e4m3x2_to_f16x2(r >> 16);
+// A K fragment register (four E4M3 dims of one token) -> its k positions 2t, 2t+1 (lo) and
+// 2t+8, 2t+9 (hi).
+__device__ __forceinline__ void k_operands(uint32_t r, uint32_t& lo, uint32_t& hi) {
+  lo = e4m3x2_to_f16x2(r);
+  hi = e4m3x2_to_f16x2(r >> 16);
 }
 
-// A transposed V fragment register (tokens 2t, 2t+1 x dims 2g, 2g+1) -> the B operands of the
-// even dim (tokens 2t, 2t+1 of dim 2g) and of the odd one (dim 2g+1).
+// A transposed V fragment register (tokens 2t, 2t+1 x dims 2g, 2g+1) -> the A operand registers
+// of the even dim (tokens 2t, 2t+1 of dim 2g) and of the odd one (dim 2g+1).
 __device__ __forceinline__ void v_operands(uint32_t r, uint32_t& even, uint32_t& odd) {
   const uint32_t split = __byte_perm(r, 0u, 0x3120u);  // bytes (2t,2g) (2t+1,2g) (2t,2g+1) (2t+1,2g+1)
   even = e4m3x2_to_f16x2(split);
   odd = e4m3x2_to_f16x2(split >> 16);
 }
 
-// The query dim that A operand element (k-step kk, register half `which` of register r) holds:
-// registers 0/1 (k positions 2t, 2t+1) are dims 16 kk + 4t, +1; registers 2/3 (2t+8, 2t+9) are
-// 16 kk + 4t + 2, +3 (see k_operands).
-__device__ __forceinline__ int qk_dim(int kk, int r, int t) {
-  return kk * 16 + 4 * t + (r >> 1) * 2;
+// The query dim that B operand register `half` (0: k positions 2t, 2t+1; 1: 2t+8, 2t+9) of k-step
+// kk holds, low element first (see k_operands).
+__device__ __forceinline__ int qk_dim(int kk, int half, int t) {
+  return kk * 16 + 4 * t + half * 2;
 }
 
-// The head dim of output column j (0..7) of n-tile n in the P V product (see v_operands).
-__device__ __forceinline__ int pv_dim(int n, int j) {
-  return (n / 2) * 16 + 2 * j + (n & 1);
+// The head dim of row r (0..15) of m-tile c in O^T = V^T P^T (see v_operands).
+__device__ __forceinline__ int pv_dim(int c, int r) {
+  return c * 16 + 2 * (r % 8) + r / 8;
 }
 
 }  // namespace kiln::attention::fp8

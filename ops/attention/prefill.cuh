@@ -25,6 +25,7 @@
 #include "ops/common/async_copy.cuh"
 #include "ops/common/cuda_utils.cuh"
 #include "ops/common/dtypes.h"
+#include "ops/common/fast_div.cuh"
 #include "ops/common/math.h"
 #include "ops/common/mma.cuh"
 
@@ -32,25 +33,6 @@ namespace kiln::attention {
 
 constexpr int kPrefillQueries = 128;  // queries per CTA (one plan work item)
 static_assert(kPrefillQueries == kPrefillQueriesPerItem, "one CTA serves one plan work item");
-
-// n / d for n < 2^31 with a multiply and a shift (Granlund-Montgomery): the page of a token is
-// computed for every 16-byte copy, and a hardware-less 32-bit division costs ~20 instructions.
-struct FastDiv {
-  uint32_t d = 1, m = 1, s = 0;
-  FastDiv() = default;
-  explicit FastDiv(uint32_t divisor) : d(divisor) {
-    while ((uint64_t{1} << s) < divisor) ++s;
-    m = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << s) - divisor)) / divisor + 1);
-  }
-  __device__ __forceinline__ uint32_t div(uint32_t n) const { return (__umulhi(n, m) + n) >> s; }
-};
-
-// exp2 on the special-function unit (inputs are <= 0 here; -inf gives 0).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // The (work item, query head) of CTA b of a 1-D grid of work_capacity x num_qo_heads CTAs. The
 // heads go in chunks of at least 4 (whole GQA groups, where the head count allows): items longest

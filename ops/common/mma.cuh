@@ -54,6 +54,15 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "r"(addr));
 }
 
+// Transposes an 8x8 matrix of 16-bit elements held as one register a lane (row lane / 4,
+// columns 2 (lane % 4) ..+1, ldmatrix's fragment): afterwards the lane holds row lane / 4 of the
+// transpose. Turns a C fragment (packed to 16 bits) into a B operand without shared memory.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t r;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+  return r;
+}
+
 // (lo, hi) -> one register of two 16-bit elements, round to nearest even.
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
