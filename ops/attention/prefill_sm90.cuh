@@ -16,7 +16,8 @@
 //     MN-major, the transpose bit). Each consumer overlaps its own GEMMs with its softmax (S of the
 //     next tile and P V of this one are in flight while the softmax runs), and the two take turns
 //     issuing GEMMs (named-barrier ping-pong), so one's softmax runs under the other's GEMMs.
-// setmaxnreg moves registers from the producer (40-72, by head_dim) to the consumers (232-216).
+// setmaxnreg moves registers from the producer (40-72, by head_dim and grid) to the consumers
+// (232-216).
 //
 // KV tiles come in TMA boxes of 64 head-dim columns (128 bytes, the swizzle span) by B rows:
 //   paged cache: B = min(page_size, BLOCK_N), one box per page (page_size | BLOCK_N, at most
@@ -92,6 +93,16 @@ struct Sm90Shape {
   // At 128 the consumers need all 232 (224 measured 9 % slower).
   static constexpr int PRODUCER_REGS = HEAD_DIM == 64 ? 72 : 40;
   static constexpr int CONSUMER_REGS = (3 * 168 - PRODUCER_REGS) / 2;
+  // The persistent kernel's split. Its producer also carries the walk over the units (the ring
+  // position, the unit's fields, the scheduler's state), and at 40 registers it spilled at
+  // head_dim 128 and 256 (72- and 48-byte frames: a local load and store a tile in the gather's
+  // loop, 6 loads a tile in the one-box TMA loop). At 56 it spills nothing, and its consumers'
+  // code at 224 is their code at 232 but for 4 register moves (nvcc 13.0, -Xptxas -v and SASS,
+  // docs/perf/prefill-sm90.md "Gathered calls on the persistent grid"); the 9 % above was a
+  // different consumer loop.
+  static constexpr int PERSISTENT_PRODUCER_REGS = HEAD_DIM == 64 ? 72 : 56;
+  static constexpr int PERSISTENT_CONSUMER_REGS = (3 * 168 - PERSISTENT_PRODUCER_REGS) / 2;
+  static_assert(CONSUMER_REGS % 8 == 0 && PERSISTENT_CONSUMER_REGS % 8 == 0, "setmaxnreg takes multiples of 8");
   static_assert(HEAD_DIM % 64 == 0, "head_dim must be a multiple of 64 (the swizzle span)");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 };
@@ -161,7 +172,7 @@ __device__ __forceinline__ void sm90_record_bad_pages(const PrefillParams& p, in
 // offset to the lanes that copy it. Lane (g, q) = (lane / 4, lane % 4) copies the 16-byte units
 // q + 4m of the rows g + 8k: all its rows share r % 8 = g, so its swizzled positions take two
 // values (units q and q + 4 of a 128-byte row) and every address is a register plus an immediate
-// (the producer has 40 registers). Rows past kv_len are zero-filled (src-size 0, no
+// (the producer has 40-72 registers). Rows past kv_len are zero-filled (src-size 0, no
 // read), so the consumers need not zero V's stale tail. Each thread's copies of a tile complete
 // on the stage's full barrier (cp.async.mbarrier.arrive.noinc: 128 arrivals a phase); the caller
 // waits for its own copies before it exits. Tile i of the unit uses stage (it0 + i) % STAGES.
@@ -223,8 +234,8 @@ __device__ __forceinline__ bool sm90_gather_kv(const PrefillParams& p, int reque
   return sm90::named_barrier_or(kSm90GatherBarrier, 128, bad);
 }
 
-// The kernel with one CTA a work unit (prefill_cta(p, blockIdx.x)): every call the gather
-// producer serves, everything at 256, and the persistent kernel's baseline (Sm90Grid::kPerUnit).
+// The kernel with one CTA a work unit (prefill_cta(p, blockIdx.x)): everything at 256 (one Q
+// buffer fits, see the launcher), and the persistent kernel's baseline (Sm90Grid::kPerUnit).
 // Its layout is Sm90Shape's single-Q one (BAR_OFFSET_1, NUM_BARS_1, kSmemBytes1).
 template <typename T, int HEAD_DIM, bool SOFTCAP>
 __global__ void __launch_bounds__(kSm90Threads, 1)
@@ -638,12 +649,11 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
 #endif
 }
 
-// The persistent kernel: one CTA an SM walking the units (sm90_unit_index), for the calls TMA
-// loads (docs/perf/prefill-sm90.md, "Persistent grid"). Its gather path is correct at every
-// head_dim but measured slower than prefill_sm90_kernel's at 128 (the 40-register producer
-// spills); faster at 64 (call 2), but not run on the GPU in a routing that sends it there, so
-// the launcher gives every gathered call to prefill_sm90_kernel (Sm90Grid::kPersistent forces
-// this one).
+// The persistent kernel: one CTA an SM walking the units (sm90_unit_index), for every call at
+// head_dim 64 and 128, TMA-loaded or gathered (docs/perf/prefill-sm90.md, "Persistent grid" and
+// "Gathered calls on the persistent grid"). Its producer gets 56 registers at head_dim 128 and
+// 256 where prefill_sm90_kernel's gets 40 (Sm90Shape::PERSISTENT_PRODUCER_REGS): at 40 it
+// spilled, and its gather measured 13 % slower than prefill_sm90_kernel's at 128.
 template <typename T, int HEAD_DIM, bool SOFTCAP>
 __global__ void __launch_bounds__(kSm90Threads, 1)
     prefill_sm90_persistent_kernel(const PrefillParams p, const __grid_constant__ CUtensorMap tq,
@@ -701,12 +711,12 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   // load while the consumers finish this one and write its outputs).
   if (threadIdx.x < 128) {
     // ---------------- producer ----------------
-    sm90::setmaxnreg_dec<S::PRODUCER_REGS>();
+    sm90::setmaxnreg_dec<S::PERSISTENT_PRODUCER_REGS>();
     // The scheduler publishes unit n into Q buffer n % QBUF once the consumers are done with the
     // unit that used it before: the descriptor, then Q by TMA (q_full, whose arrival releases the
     // descriptor to the consumers), then desc_full for the K/V producer. Its walk over the units
     // (k, the next sm90_unit_index to look at) lives in shared memory, so no producer thread keeps
-    // it in registers (40 of them; kept live it spilled inside the tile loops).
+    // it in registers (56-72 of them; kept live in 40 it spilled inside the tile loops).
     auto publish = [&](int n) {  // unit n (n = 0, 1, ...), or the end; scheduler thread only
       const int qb = n % S::QBUF;
       sm90::mbar_wait(&q_empty[qb], ((n / S::QBUF) & 1) ^ 1);
@@ -805,8 +815,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
         bool bad_page = !entries_ok && num_pages > 0 && num_tiles > 0 && !boxes.page_axis;
         const int B = boxes.rows, nbox = boxes.page_axis ? 1 : N / B;
         // The tile loop, compiled for at most 1, kSm90MaxTmaBoxes and N / 16 boxes a chunk (B >= 16
-        // or B == N, prefill_sm90_boxes): the producer has 40 registers, and the 8-box arrays
-        // spill (-Xptxas -v), so the common one-box caches (single prefill, ragged, pages >= the
+        // or B == N, prefill_sm90_boxes): the producer has few registers (the 8-box arrays spilled
+        // at 40, -Xptxas -v), so the common one-box caches (single prefill, ragged, pages >= the
         // tile) and 2-4 boxes get loops of their own.
         auto stream = [&](auto max_boxes) {
           constexpr int MAX_BOXES = decltype(max_boxes)::value;
@@ -906,7 +916,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     return;
   }
   // ---------------- consumers ----------------
-  sm90::setmaxnreg_inc<S::CONSUMER_REGS>();
+  sm90::setmaxnreg_inc<S::PERSISTENT_CONSUMER_REGS>();
   const int cw = threadIdx.x / 128 - 1;  // consumer warpgroup: queries q0 + 64 cw ..
   const int ct = threadIdx.x % 128;
   const int warp = ct / 32, lane = ct % 32;
@@ -1189,13 +1199,17 @@ constexpr bool kSm90Gather = true;
 // A/B timing, tests/cuda/prefill_sm90_selftest.cu).
 enum class Sm90Load { kAuto, kTma, kGather };
 
-// Whether the calls TMA loads run the persistent kernel (one CTA per SM walking the work units,
-// sm90_unit_index, the next unit's Q and K/V loaded under the current one's last tiles and
-// epilogue) instead of prefill_sm90_kernel (one CTA a unit); docs/perf/prefill-sm90.md,
-// "Persistent grid". Gathered calls and everything at 256 (one Q buffer fits) keep one CTA a
-// unit.
+// Whether calls at head_dim 64 and 128 run the persistent kernel (one CTA per SM walking the
+// work units, sm90_unit_index, the next unit's Q and K/V loaded under the current one's last tiles
+// and epilogue) instead of prefill_sm90_kernel (one CTA a unit); docs/perf/prefill-sm90.md,
+// "Persistent grid". Everything at 256 keeps one CTA a unit (one Q buffer fits). The calls TMA
+// loads measured 5-19 % faster there. kSm90PersistentGather sends the gathered calls too: at 64
+// their gather measured 14 % faster there (869 against 1020-1043 us), at 128 13 % slower while
+// the persistent producer had 40 registers and spilled, which at 56 it no longer does
+// ("Gathered calls on the persistent grid"; false restores one CTA a unit for them).
 // Sm90Grid forces either kernel (the self-test's A/B timing).
 constexpr bool kSm90Persistent = true;
+constexpr bool kSm90PersistentGather = true;
 enum class Sm90Grid { kAuto, kPerUnit, kPersistent };
 
 namespace sm90_host {
@@ -1344,11 +1358,10 @@ Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx, Sm90Load l
   }
   unsigned units = 0;
   if (Status g = prefill_grid(p, &units); !g.ok()) return g;
-  // The persistent kernel for what TMA loads (measured faster there); prefill_sm90_kernel for the
-  // gather (at head_dim 128 the persistent one's 40-register producer spills: 1514 against 1343
-  // us) and at head_dim 256 (one Q buffer). Sm90Grid forces either.
-  const bool persistent =
-      grid == Sm90Grid::kPersistent || (grid == Sm90Grid::kAuto && kSm90Persistent && S::QBUF == 2 && !boxes.gather);
+  // The persistent kernel at head_dim 64 and 128, TMA-loaded or gathered (kSm90PersistentGather);
+  // prefill_sm90_kernel at 256 (one Q buffer). Sm90Grid forces either.
+  const bool persistent = grid == Sm90Grid::kPersistent || (grid == Sm90Grid::kAuto && kSm90Persistent &&
+                                                            S::QBUF == 2 && (kSm90PersistentGather || !boxes.gather));
   const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
   if (!persistent) {
     constexpr auto kernel = prefill_sm90_kernel<T, HEAD_DIM, SOFTCAP>;
