@@ -16,7 +16,8 @@
 //     MN-major, the transpose bit). Each consumer overlaps its own GEMMs with its softmax (S of the
 //     next tile and P V of this one are in flight while the softmax runs), and the two take turns
 //     issuing GEMMs (named-barrier ping-pong), so one's softmax runs under the other's GEMMs.
-// setmaxnreg moves registers from the producer (40-72, by head_dim) to the consumers (232-216).
+// setmaxnreg moves registers from the producer (40-72, by head_dim and grid) to the consumers
+// (232-216).
 //
 // KV tiles come in TMA boxes of 64 head-dim columns (128 bytes, the swizzle span) by B rows:
 //   paged cache: B = min(page_size, BLOCK_N), one box per page (page_size | BLOCK_N, at most
@@ -83,8 +84,8 @@ struct Sm90Shape {
   // q_full, q_empty, the page verdict's `checked` and desc_full per Q buffer, full and empty per
   // K and V stage
   static constexpr int NUM_BARS = 4 * QBUF + 4 * STAGES;
-  // mbarriers, the units' descriptors (Sm90Unit), the scheduler's position, and slack for the
-  // 1024-byte alignment of the base
+  // mbarriers, the units' descriptors (Sm90Unit), the scheduler's position (two words), and slack
+  // for the 1024-byte alignment of the base
   static constexpr size_t kSmemBytes = size_t(BAR_OFFSET) + NUM_BARS * 8 + QBUF * 48 + 16 + 1024;
   // Registers a thread: producer + 2 x consumer = 3 x 168 (the launch allocation, 384 x 168 =
   // 64512), multiples of 8. At head_dim 64 (8 boxes a tile, 3 stages) the producer's per-box
@@ -92,6 +93,16 @@ struct Sm90Shape {
   // At 128 the consumers need all 232 (224 measured 9 % slower).
   static constexpr int PRODUCER_REGS = HEAD_DIM == 64 ? 72 : 40;
   static constexpr int CONSUMER_REGS = (3 * 168 - PRODUCER_REGS) / 2;
+  // The persistent kernel's split. Its producer also carries the walk over the units (the ring
+  // position, the unit's fields, the scheduler's state), and at 40 registers it spilled at
+  // head_dim 128 and 256 (72- and 48-byte frames: a local load and store a tile in the gather's
+  // loop, 6 loads a tile in the one-box TMA loop). At 56 it spills nothing, and its consumers'
+  // code at 224 is their code at 232 but for 4 register moves (nvcc 13.0, -Xptxas -v and SASS,
+  // docs/perf/prefill-sm90.md "Gathered calls on the persistent grid"); the 9 % above was a
+  // different consumer loop.
+  static constexpr int PERSISTENT_PRODUCER_REGS = HEAD_DIM == 64 ? 72 : 56;
+  static constexpr int PERSISTENT_CONSUMER_REGS = (3 * 168 - PERSISTENT_PRODUCER_REGS) / 2;
+  static_assert(CONSUMER_REGS % 8 == 0 && PERSISTENT_CONSUMER_REGS % 8 == 0, "setmaxnreg takes multiples of 8");
   static_assert(HEAD_DIM % 64 == 0, "head_dim must be a multiple of 64 (the swizzle span)");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 };
@@ -125,9 +136,12 @@ constexpr int kSm90TurnBarrier = 1, kSm90ZeroBarrier = 3, kSm90CheckBarrier = 5,
 
 // A work unit (plan item x query head) as the producer publishes it to the consumers in shared
 // memory, one per Q buffer: written before Q's full barrier is armed (request < 0: no more units,
-// the consumers leave), `bad` before the unit's `checked` barrier.
+// the consumers leave), `bad` before the unit's `checked` barrier. `ring` is the K/V ring position
+// of the unit's first tile (the tiles the CTA streamed before it): tile i of the unit is in stage
+// (ring + i) % STAGES, phase ((ring + i) / STAGES) & 1, for the K/V producer and the consumers
+// alike.
 struct Sm90Unit {
-  int request, q_begin, qo_len, kv_len, q0, head, kv_start, kv_end, num_tiles, bad;
+  int request, q_begin, qo_len, kv_len, q0, head, kv_start, kv_end, num_tiles, ring, bad;
 };
 static_assert(sizeof(Sm90Unit) <= 48, "Sm90Shape::kSmemBytes keeps 48 bytes a descriptor");
 
@@ -161,7 +175,7 @@ __device__ __forceinline__ void sm90_record_bad_pages(const PrefillParams& p, in
 // offset to the lanes that copy it. Lane (g, q) = (lane / 4, lane % 4) copies the 16-byte units
 // q + 4m of the rows g + 8k: all its rows share r % 8 = g, so its swizzled positions take two
 // values (units q and q + 4 of a 128-byte row) and every address is a register plus an immediate
-// (the producer has 40 registers). Rows past kv_len are zero-filled (src-size 0, no
+// (the producer has 40-72 registers). Rows past kv_len are zero-filled (src-size 0, no
 // read), so the consumers need not zero V's stale tail. Each thread's copies of a tile complete
 // on the stage's full barrier (cp.async.mbarrier.arrive.noinc: 128 arrivals a phase); the caller
 // waits for its own copies before it exits. Tile i of the unit uses stage (it0 + i) % STAGES.
@@ -223,8 +237,8 @@ __device__ __forceinline__ bool sm90_gather_kv(const PrefillParams& p, int reque
   return sm90::named_barrier_or(kSm90GatherBarrier, 128, bad);
 }
 
-// The kernel with one CTA a work unit (prefill_cta(p, blockIdx.x)): every call the gather
-// producer serves, everything at 256, and the persistent kernel's baseline (Sm90Grid::kPerUnit).
+// The kernel with one CTA a work unit (prefill_cta(p, blockIdx.x)): everything at 256 (one Q
+// buffer fits, see the launcher), and the persistent kernel's baseline (Sm90Grid::kPerUnit).
 // Its layout is Sm90Shape's single-Q one (BAR_OFFSET_1, NUM_BARS_1, kSmemBytes1).
 template <typename T, int HEAD_DIM, bool SOFTCAP>
 __global__ void __launch_bounds__(kSm90Threads, 1)
@@ -638,12 +652,11 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
 #endif
 }
 
-// The persistent kernel: one CTA an SM walking the units (sm90_unit_index), for the calls TMA
-// loads (docs/perf/prefill-sm90.md, "Persistent grid"). Its gather path is correct at every
-// head_dim but measured slower than prefill_sm90_kernel's at 128 (the 40-register producer
-// spills); faster at 64 (call 2), but not run on the GPU in a routing that sends it there, so
-// the launcher gives every gathered call to prefill_sm90_kernel (Sm90Grid::kPersistent forces
-// this one).
+// The persistent kernel: one CTA an SM walking the units (sm90_unit_index), for every call at
+// head_dim 64 and 128, TMA-loaded or gathered (docs/perf/prefill-sm90.md, "Persistent grid" and
+// "Gathered calls on the persistent grid"). Its producer gets 56 registers at head_dim 128 and
+// 256 where prefill_sm90_kernel's gets 40 (Sm90Shape::PERSISTENT_PRODUCER_REGS): at 40 it
+// spilled, and its gather measured 13 % slower than prefill_sm90_kernel's at 128.
 template <typename T, int HEAD_DIM, bool SOFTCAP>
 __global__ void __launch_bounds__(kSm90Threads, 1)
     prefill_sm90_persistent_kernel(const PrefillParams p, const __grid_constant__ CUtensorMap tq,
@@ -672,7 +685,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   // there (recorded in `errors`; its box lies past the tensor map, which TMA fills with zeros, or
   // the gather zero-fills it): the consumers then write NaN.
   Sm90Unit* unit_desc = reinterpret_cast<Sm90Unit*>(bars + S::NUM_BARS);
-  uint32_t* walk_k = reinterpret_cast<uint32_t*>(unit_desc + S::QBUF);  // the scheduler's position
+  // The scheduler's position: walk[0] the next sm90_unit_index to look at, walk[1] the ring
+  // position of the next unit's first tile.
+  uint32_t* walk = reinterpret_cast<uint32_t*>(unit_desc + S::QBUF);
 
   // Arrivals a full barrier's phase takes: the TMA thread's one (with the bytes it expects), or
   // each gather thread's cp.async arrival.
@@ -697,16 +712,17 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   // Work units: this CTA's, sm90_unit_index(k, blockIdx.x, gridDim.x) for k = 0, 1, ... below
   // `units` (one a CTA when the grid has one CTA per unit). The producer walks them, skips the
   // plan's padding items, publishes each unit's descriptor with its Q, and streams its K/V tiles
-  // through the one ring (tile counter `it` runs on across units, so the next unit's first tiles
-  // load while the consumers finish this one and write its outputs).
+  // through the one ring (its position runs on across units, Sm90Unit::ring, so the next unit's
+  // first tiles load while the consumers finish this one and write its outputs).
   if (threadIdx.x < 128) {
     // ---------------- producer ----------------
-    sm90::setmaxnreg_dec<S::PRODUCER_REGS>();
+    sm90::setmaxnreg_dec<S::PERSISTENT_PRODUCER_REGS>();
     // The scheduler publishes unit n into Q buffer n % QBUF once the consumers are done with the
     // unit that used it before: the descriptor, then Q by TMA (q_full, whose arrival releases the
     // descriptor to the consumers), then desc_full for the K/V producer. Its walk over the units
-    // (k, the next sm90_unit_index to look at) lives in shared memory, so no producer thread keeps
-    // it in registers (40 of them; kept live it spilled inside the tile loops).
+    // (`walk`: the next sm90_unit_index to look at, the ring position) lives in shared memory, so
+    // no producer thread keeps it in registers (56-72 of them; kept live in 40 it spilled inside
+    // the tile loops).
     auto publish = [&](int n) {  // unit n (n = 0, 1, ...), or the end; scheduler thread only
       const int qb = n % S::QBUF;
       sm90::mbar_wait(&q_empty[qb], ((n / S::QBUF) & 1) ^ 1);
@@ -717,7 +733,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       // causal 8192 (each chunk restarts the long items, and the alternating rounds pair them).
       const PrefillCtaOrder order =
           gridDim.x < units ? PrefillCtaOrder(p, static_cast<int>(p.num_qo_heads)) : PrefillCtaOrder(p);
-      uint32_t k = *walk_k;
+      uint32_t k = walk[0];
       int request = -1;
       uint32_t b = 0;
       PrefillCta cta{};
@@ -728,7 +744,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
         request = p.work_request[cta.item];
         if (request >= 0) break;
       }
-      *walk_k = k + 1;
+      walk[0] = k + 1;
       if (b >= units) {  // no more units: an empty descriptor tells everyone to leave
         unit_desc[qb].request = -1;
         sm90::mbar_arrive(&q_full[qb]);
@@ -748,7 +764,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       int kv_start = p.window_left >= 0 ? max(0, q0 + offset - p.window_left) : 0;
       kv_start = (kv_start / N) * N;
       const int num_tiles = kv_end > kv_start ? (kv_end - kv_start + N - 1) / N : 0;
-      unit_desc[qb] = Sm90Unit{request, q_begin, qo_len, kv_len, q0, cta.head, kv_start, kv_end, num_tiles, 0};
+      const int ring = static_cast<int>(walk[1]);
+      walk[1] = static_cast<uint32_t>(ring + num_tiles);
+      unit_desc[qb] = Sm90Unit{request, q_begin, qo_len, kv_len, q0, cta.head, kv_start, kv_end, num_tiles, ring, 0};
       sm90::mbar_arrive_expect_tx(&q_full[qb], S::Q_BYTES);  // (release: the descriptor with it)
 #pragma unroll
       for (int c = 0; c < CHUNKS; ++c)
@@ -761,7 +779,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       // TMA: thread 32 schedules, thread 0 issues every K/V box; the rest retire.
       if (threadIdx.x == 32) {
         sm90::prefetch_tensor_map(&tq);
-        *walk_k = 0;
+        walk[0] = walk[1] = 0;
         for (int n = 0;; ++n) {
           publish(n);
           if (unit_desc[n % S::QBUF].request < 0) break;
@@ -771,7 +789,6 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       if (threadIdx.x != 0) return;
       sm90::prefetch_tensor_map(&tk);
       sm90::prefetch_tensor_map(&tv);
-      int it = 0;  // tiles issued: the ring's position runs on across units
       for (int n = 0;; ++n) {
         const int qb = n % S::QBUF;
         sm90::mbar_wait(&desc_full[qb], (n / S::QBUF) & 1);
@@ -779,7 +796,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
         const int request = unit.request;
         if (request < 0) break;
         const int kv_head = unit.head / group, kv_start = unit.kv_start, kv_end = unit.kv_end;
-        const int num_tiles = unit.num_tiles;
+        const int num_tiles = unit.num_tiles, it = unit.ring;
         bool unit_bad = false;
         const int first_page = p.kv.page_indptr[request];
         const int num_pages = p.kv.page_indptr[request + 1] - first_page;
@@ -805,8 +822,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
         bool bad_page = !entries_ok && num_pages > 0 && num_tiles > 0 && !boxes.page_axis;
         const int B = boxes.rows, nbox = boxes.page_axis ? 1 : N / B;
         // The tile loop, compiled for at most 1, kSm90MaxTmaBoxes and N / 16 boxes a chunk (B >= 16
-        // or B == N, prefill_sm90_boxes): the producer has 40 registers, and the 8-box arrays
-        // spill (-Xptxas -v), so the common one-box caches (single prefill, ragged, pages >= the
+        // or B == N, prefill_sm90_boxes): the producer has few registers (the 8-box arrays spilled
+        // at 40, -Xptxas -v), so the common one-box caches (single prefill, ragged, pages >= the
         // tile) and 2-4 boxes get loops of their own.
         auto stream = [&](auto max_boxes) {
           constexpr int MAX_BOXES = decltype(max_boxes)::value;
@@ -874,16 +891,14 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
         }
         unit_desc[qb].bad = unit_bad ? 1 : 0;  // the verdict, before the consumers' epilogues
         sm90::mbar_arrive(&checked[qb]);
-        it += num_tiles;
       }
       return;
     }
     // Gather: all 128 threads copy K and V; thread 0 also schedules, a unit at a time.
     if (threadIdx.x == 0) {
       sm90::prefetch_tensor_map(&tq);
-      *walk_k = 0;
+      walk[0] = walk[1] = 0;
     }
-    int it = 0;
     for (int n = 0;; ++n) {
       const int qb = n % S::QBUF;
       if (threadIdx.x == 0) publish(n);
@@ -892,21 +907,20 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       const int request = unit.request;
       if (request < 0) break;
       const int kv_start = unit.kv_start, num_tiles = unit.num_tiles;
-      const bool bad = sm90_gather_kv<T, HEAD_DIM>(p, request, unit.head / group, kv_start, unit.kv_len, num_tiles, it,
-                                                   sk, sv, k_full, v_full, k_empty, v_empty);
+      const bool bad = sm90_gather_kv<T, HEAD_DIM>(p, request, unit.head / group, kv_start, unit.kv_len, num_tiles,
+                                                   unit.ring, sk, sv, k_full, v_full, k_empty, v_empty);
       if (threadIdx.x == 0) {
         if (bad) sm90_record_bad_pages(p, request, kv_start, kv_start + num_tiles * N, errors);
         unit_desc[qb].bad = bad ? 1 : 0;  // the verdict, before the consumers' epilogues
         sm90::mbar_arrive(&checked[qb]);
       }
-      it += num_tiles;
     }
     cp_async_commit();  // no copy of this thread may still be in flight when it exits
     cp_async_wait<0>();
     return;
   }
   // ---------------- consumers ----------------
-  sm90::setmaxnreg_inc<S::CONSUMER_REGS>();
+  sm90::setmaxnreg_inc<S::PERSISTENT_CONSUMER_REGS>();
   const int cw = threadIdx.x / 128 - 1;  // consumer warpgroup: queries q0 + 64 cw ..
   const int ct = threadIdx.x % 128;
   const int warp = ct / 32, lane = ct % 32;
@@ -930,15 +944,17 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   auto pass_turn = [&] { sm90::named_barrier_arrive(kSm90TurnBarrier + (1 - cw), 256); };
   if (cw == 1) pass_turn();
 
-  int it = 0;  // tiles consumed before this unit (the ring's position)
   for (int n = 0;; ++n) {
     const int qb = n % S::QBUF;
     const uint32_t use = static_cast<uint32_t>(n / S::QBUF);
     sm90::mbar_wait(&q_full[qb], use & 1);  // Q and the unit's descriptor
     // The descriptor's fields, broadcast from lane 0 (CUTLASS's idiom for warp-uniform values;
     // 14 fewer SASS instructions a tile than plain shared-memory loads). The ring position `it`
-    // still keeps the stage arithmetic off the uniform datapath: the tile loop is 1152
-    // instructions where the one-CTA-a-unit kernel's was 1089 (docs/perf/prefill-sm90.md).
+    // is one of them, read afresh each unit: carried across units in a register (it +=
+    // num_tiles, even it += 3) it kept the tile loop off the uniform datapath (its counter, the
+    // stages and the wgmma descriptors in vector registers: 1152 instructions and 48 R2UR a tile
+    // against 1089 and 18 one CTA a unit); read here it is 1079 and 18 (nvcc 13.0,
+    // docs/perf/prefill-sm90.md).
     const Sm90Unit& unit = unit_desc[qb];
     auto uniform = [](int v) { return __shfl_sync(0xffffffffu, v, 0); };
     const int request = uniform(unit.request);
@@ -946,6 +962,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     const int q_begin = uniform(unit.q_begin), qo_len = uniform(unit.qo_len), kv_len = uniform(unit.kv_len);
     const int q0 = uniform(unit.q0), head = uniform(unit.head);
     const int kv_start = uniform(unit.kv_start), kv_end = uniform(unit.kv_end), num_tiles = uniform(unit.num_tiles);
+    const int it = uniform(unit.ring);     // tiles consumed before this unit (the ring's position)
     const int offset = kv_len - qo_len;    // query i sits at key position i + offset
     const int row0 = q0 + 64 * cw;         // this warpgroup's first query
     const int qi0 = row0 + warp * 16 + g;  // this thread's two query rows: qi0, qi0 + 8
@@ -1158,7 +1175,6 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
         p.lse[int64_t(q_begin + qi) * p.lse_stride_n + head] = poisoned ? quiet_nan() : merged_lse(m[r], l[r]);
     }
     sm90::mbar_arrive(&q_empty[qb]);  // Q's buffer and the descriptor are free for a later unit
-    it += num_tiles;
   }
   if (cw == 0) take_turn();  // consumes consumer 1's last arrival
 #else
@@ -1189,13 +1205,17 @@ constexpr bool kSm90Gather = true;
 // A/B timing, tests/cuda/prefill_sm90_selftest.cu).
 enum class Sm90Load { kAuto, kTma, kGather };
 
-// Whether the calls TMA loads run the persistent kernel (one CTA per SM walking the work units,
-// sm90_unit_index, the next unit's Q and K/V loaded under the current one's last tiles and
-// epilogue) instead of prefill_sm90_kernel (one CTA a unit); docs/perf/prefill-sm90.md,
-// "Persistent grid". Gathered calls and everything at 256 (one Q buffer fits) keep one CTA a
-// unit.
+// Whether calls at head_dim 64 and 128 run the persistent kernel (one CTA per SM walking the
+// work units, sm90_unit_index, the next unit's Q and K/V loaded under the current one's last tiles
+// and epilogue) instead of prefill_sm90_kernel (one CTA a unit); docs/perf/prefill-sm90.md,
+// "Persistent grid". Everything at 256 keeps one CTA a unit (one Q buffer fits). The calls TMA
+// loads measured 5-19 % faster there. kSm90PersistentGather sends the gathered calls too: at 64
+// their gather measured 14 % faster there (869 against 1020-1043 us), at 128 13 % slower while
+// the persistent producer had 40 registers and spilled, which at 56 it no longer does
+// ("Gathered calls on the persistent grid"; false restores one CTA a unit for them).
 // Sm90Grid forces either kernel (the self-test's A/B timing).
 constexpr bool kSm90Persistent = true;
+constexpr bool kSm90PersistentGather = true;
 enum class Sm90Grid { kAuto, kPerUnit, kPersistent };
 
 namespace sm90_host {
@@ -1344,11 +1364,10 @@ Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx, Sm90Load l
   }
   unsigned units = 0;
   if (Status g = prefill_grid(p, &units); !g.ok()) return g;
-  // The persistent kernel for what TMA loads (measured faster there); prefill_sm90_kernel for the
-  // gather (at head_dim 128 the persistent one's 40-register producer spills: 1514 against 1343
-  // us) and at head_dim 256 (one Q buffer). Sm90Grid forces either.
-  const bool persistent =
-      grid == Sm90Grid::kPersistent || (grid == Sm90Grid::kAuto && kSm90Persistent && S::QBUF == 2 && !boxes.gather);
+  // The persistent kernel at head_dim 64 and 128, TMA-loaded or gathered (kSm90PersistentGather);
+  // prefill_sm90_kernel at 256 (one Q buffer). Sm90Grid forces either.
+  const bool persistent = grid == Sm90Grid::kPersistent || (grid == Sm90Grid::kAuto && kSm90Persistent &&
+                                                            S::QBUF == 2 && (kSm90PersistentGather || !boxes.gather));
   const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
   if (!persistent) {
     constexpr auto kernel = prefill_sm90_kernel<T, HEAD_DIM, SOFTCAP>;

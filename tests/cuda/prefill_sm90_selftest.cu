@@ -1,15 +1,18 @@
-// Framework-free self-test of the sm90a prefill kernel (ops/attention/prefill_sm90.cuh): runs it
-// and the FA2 kernel on small single / paged / ragged problems against a float64 CPU reference
-// and prints the max error of each, plus where the worst element is (row, column), so a layout
-// bug shows its pattern. On an H100/H200, from the repository root:
+// Framework-free self-test of the sm90a prefill kernel (ops/attention/prefill_sm90.cuh): runs its
+// two grids (one CTA a work unit, persistent) and the FA2 kernel on small single / paged / ragged
+// problems against a float64 CPU reference and prints the max error of each, plus where the worst
+// element is (row, column), so a layout bug shows its pattern. On an H100/H200, from the
+// repository root:
 //
 //   nvcc -std=c++17 -O2 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a
 //   -gencode=arch=compute_80,code=sm_80 \
 //        -I. tests/cuda/prefill_sm90_selftest.cu -o /tmp/sm90_selftest && /tmp/sm90_selftest
 //
 // Also times the issue's shape (single prefill, causal, 8192 tokens, 32 heads, head_dim 128) for
-// fa2 and fa3 (the harness, `python -m benchmarks run single_prefill`, is the reference timing).
-// Exit status 0 when every case of every kernel is within tolerance.
+// fa2 and fa3 (the harness, `python -m benchmarks run single_prefill`, is the reference timing),
+// the two KV producers on one cache, and the two grids on one input (A/B, outputs compared bit
+// for bit). Exit status 0 when every case of every kernel is within tolerance and every A/B pair
+// is bit-identical.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -29,6 +32,16 @@ using namespace kiln::attention;
 namespace {
 
 const char* kNames[] = {"fa2", "fa3"};
+// The kernels every correctness case runs: FA2, and the sm90a kernel on each grid (forced; the
+// automatic choice is one of them, see launch_prefill_sm90).
+struct Kernel {
+  int kernel;
+  Sm90Grid grid;
+  const char* name;
+};
+const Kernel kKernels[] = {{kPrefillKernelFA2, Sm90Grid::kAuto, "fa2"},
+                           {kPrefillKernelFA3, Sm90Grid::kPerUnit, "fa3/unit"},
+                           {kPrefillKernelFA3, Sm90Grid::kPersistent, "fa3/pers"}};
 
 template <int D>
 Status launch_d(const PrefillParams& p, int kernel, Sm90Load load, Sm90Grid grid) {
@@ -59,7 +72,8 @@ struct Case {
 };
 
 template <int D>
-int run_case(const Case& c, int kernel) {
+int run_case(const Case& c, const Kernel& k) {
+  const int kernel = k.kernel;
   const int hq = 4, hk = 2, batch = static_cast<int>(c.qo.size());
   std::mt19937 rng(1234 + D);
   std::normal_distribution<float> nd;
@@ -152,11 +166,10 @@ int run_case(const Case& c, int kernel) {
   p.kv.num_indices = static_cast<int64_t>(indices.size());
   p.q_rows = total_q;
   p.kernel = kernel;
-  Status st = launch(p, kernel, D);
+  Status st = launch(p, kernel, D, Sm90Load::kAuto, k.grid);
   cudaError_t err = cudaDeviceSynchronize();
   if (!st.ok() || err != cudaSuccess) {
-    std::printf("  %-34s %s: FAILED to run: %s %s\n", c.name, kNames[kernel], st.message.c_str(),
-                cudaGetErrorString(err));
+    std::printf("  %-34s %s: FAILED to run: %s %s\n", c.name, k.name, st.message.c_str(), cudaGetErrorString(err));
     return 1;
   }
   cudaMemcpy(out.data(), p.out, out.size() * 2, cudaMemcpyDeviceToHost);
@@ -203,8 +216,8 @@ int run_case(const Case& c, int kernel) {
       }
   }
   const bool ok = worst <= 3e-2 && worst_lse <= 1e-2 && bad_nan == 0;
-  std::printf("  %-34s %s: max|out-ref| %.2e at (q %d, d %d), max|lse-ref| %.2e, NaN %d  %s\n", c.name, kNames[kernel],
-              worst, wrow, wcol, worst_lse, bad_nan, ok ? "ok" : "FAIL");
+  std::printf("  %-34s %-8s: max|out-ref| %.2e at (q %d, d %d), max|lse-ref| %.2e, NaN %d  %s\n", c.name, k.name, worst,
+              wrow, wcol, worst_lse, bad_nan, ok ? "ok" : "FAIL");
   for (const void* ptr : {p.q, (const void*)p.qo_indptr, (const void*)p.kv_len, p.kv.k, p.kv.v,
                           (const void*)p.kv.page_indptr, (const void*)p.kv.page_indices, (const void*)p.work_request,
                           (const void*)p.work_q_start, (const void*)p.out, (const void*)p.lse})
@@ -214,10 +227,10 @@ int run_case(const Case& c, int kernel) {
 
 int run(const Case& c) {
   int fails = 0;
-  for (int kernel : {kPrefillKernelFA2, kPrefillKernelFA3}) {
-    if (c.head_dim == 64) fails += run_case<64>(c, kernel);
-    if (c.head_dim == 128) fails += run_case<128>(c, kernel);
-    if (c.head_dim == 256) fails += run_case<256>(c, kernel);
+  for (const Kernel& k : kKernels) {
+    if (c.head_dim == 64) fails += run_case<64>(c, k);
+    if (c.head_dim == 128) fails += run_case<128>(c, k);
+    if (c.head_dim == 256) fails += run_case<256>(c, k);
   }
   return fails;
 }
@@ -344,7 +357,11 @@ int time_producers(int D, int page, bool grids = false, int B = 16, int L = 2048
   const Sm90Load loads[2] = {Sm90Load::kTma, Sm90Load::kGather};
   const Sm90Grid kinds[2] = {Sm90Grid::kPerUnit, Sm90Grid::kPersistent};
   const char* names[2] = {grids ? "per-unit" : "tma", grids ? "persist" : "gather"};
-  const char* what = grids ? "grids" : "producers";
+  // The grid A/B names the producer the automatic choice gives this cache.
+  const Sm90KvBoxes boxes = D == 64    ? prefill_sm90_boxes<__nv_bfloat16, 64>(p)
+                            : D == 128 ? prefill_sm90_boxes<__nv_bfloat16, 128>(p)
+                                       : prefill_sm90_boxes<__nv_bfloat16, 256>(p);
+  const char* what = !grids ? "producers" : boxes.gather ? "grids (gather)" : "grids (tma)";
   auto run_one = [&](int which) {
     return grids ? launch(p, kPrefillKernelFA3, D, Sm90Load::kAuto, kinds[which])
                  : launch(p, kPrefillKernelFA3, D, loads[which]);
@@ -430,14 +447,21 @@ int main() {
   fails += time_producers(256, 16);
   fails += time_producers(256, 32);
   // One CTA a work unit against the persistent grid (one CTA an SM walking the units), the same
-  // kernel and inputs: the issue's shapes (the single prompt as one request whose pages hold it
-  // all), and a ragged-length mix is in the cases above.
+  // inputs, the producer the automatic choice gives: the issue's shapes (the single prompt as one
+  // request whose page holds it all: TMA, one box a tile; the batch at page 16: the gather), the
+  // gather at page 1 and at head_dim 64, and TMA at page 64 (two boxes a chunk); a ragged-length
+  // mix is in the cases above. The batch of 4 holds 32 MB of K/V, within the H200's 50 MB L2; 16
+  // hold 128 MB: the persistent grid runs all heads of an item together (its deal order) where one
+  // CTA a unit runs a GQA group's heads over all requests, so the pair says whether L2 reuse is
+  // what separates the grids on a gathered cache.
   std::printf("timing: the grids, causal, GQA 32/8, bf16\n");
   fails += time_producers(128, 8192, true, 1, 8192);
   fails += time_producers(128, 2048, true, 1, 2048);
   fails += time_producers(128, 16, true, 16, 2048);
-  fails += time_producers(128, 64, true, 16, 2048);
+  fails += time_producers(128, 16, true, 4, 2048);
+  fails += time_producers(128, 1, true, 16, 2048);
   fails += time_producers(64, 16, true, 16, 2048);
+  fails += time_producers(128, 64, true, 16, 2048);
   std::printf("%s (%d failing, producers and grids included)\n", fails ? "FAIL" : "all ok", fails);
   return fails ? 1 : 0;
 }

@@ -174,6 +174,52 @@ def test_bad_page_ids_are_recorded_and_poison_their_request(kiln_env, page, bad_
     check_requests(batch.keys, qo_indptr, q, out, lse, True, BF16, skip=(1,))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("page", [1, 16])
+def test_gathered_batch_of_many_units_per_cta(kiln_env, page, head_dim):
+    """More work units (items x query heads: 520 here) than an H100 or H200 has SMs (132), so each
+    CTA of the persistent grid, which serves gathered caches at head_dim 64 and 128, walks several
+    units of different lengths (empty and one-token requests among them): the K/V ring, the Q
+    buffers and the consumers' turns run on across units. A bad page id in one request is
+    recorded and poisons that request only, whichever CTA and unit reach it."""
+    need_sm90()
+    kiln_env.set("KILN_PREFILL_FA3_STRICT", "1")
+    gen = torch.Generator().manual_seed(500 + page + head_dim)
+    qo_lens = [(97 * i) % 301 for i in range(40)]  # 0 to 300, so 0 to 3 items a request
+    qo_lens[5], qo_lens[6] = 0, 1
+    kv_lens = [n + (13 * i) % 40 for i, n in enumerate(qo_lens)]
+    batch = make_paged(kv_lens, page, HK, head_dim, BF16, "cuda", gen=gen)
+    pool = batch.k_cache.shape[0]
+    bad = 27  # a request with several pages
+    at = int(batch.indptr[bad]) + 1
+    indices = batch.indices.clone()
+    indices[at] = pool + 1
+    q = rand((sum(qo_lens), HQ, head_dim), BF16, "cuda", gen)
+    qo_indptr, out, lse = run_paged(
+        "cuda",
+        "fa3",
+        batch.k_cache,
+        batch.v_cache,
+        batch.indptr,
+        indices,
+        batch.last_page_len,
+        qo_lens,
+        q,
+        page,
+        "NHD",
+        True,
+        BF16,
+    )
+    torch.cuda.synchronize()
+    message = rf"kv_indices\[{at}\] = {pool + 1} is not a page of the cache"
+    with pytest.raises(kiln.DeviceIndexError, match=message):
+        kiln.check_errors()
+    lo, hi = int(qo_indptr[bad]), int(qo_indptr[bad + 1])
+    assert out[lo:hi].isnan().all() and lse[lo:hi].isnan().all()
+    check_requests(batch.keys, qo_indptr, q, out, lse, True, BF16, skip=(bad,))
+
+
 def broadcast_cache(kv_lens, page, head_dim, dtype, device, gen):
     """A paged cache whose kv heads all view one stored head (stride 0 on the head axis, which a
     tensor map rejects): [pool, page, HK, D] NHD, as a cache shared by every kv head would be."""
