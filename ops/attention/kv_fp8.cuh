@@ -1,6 +1,6 @@
 // Reading an fp8 E4M3 KV cache on tensor cores (sm80+): the bytes stay fp8 in shared memory (half
 // the traffic of a 16-bit cache) and become f16 operands in registers, exactly (every E4M3 value
-// is an f16; the toolkit's conversion is one cvt per pair on sm89+). The per-tensor k_scale and
+// is an f16; one cvt per pair on sm89+). The per-tensor k_scale and
 // v_scale are applied in float32 outside the MMAs: k_scale folded into the query, v_scale into the
 // output.
 //
@@ -23,25 +23,38 @@
 
 namespace kiln::attention::fp8 {
 
-// Two E4M3 bytes (the low 16 bits of `pair`, byte 0 first) -> an f16x2 register, low half first.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+// The four E4M3 bytes of `r` -> two f16x2 registers: bytes 0, 1 (lo) and 2, 3 (hi), low byte
+// first. In PTX, so the upper pair reaches the conversion as a half-register operand (SASS
+// `F2FP.F16.E4M3.UNPACK_B R, R.H1`): the toolkit's intrinsic takes a 16-bit value and costs a shift.
+__device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t r, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n"
+      ".reg .b16 l, h;\n"
+      "mov.b32 {l, h}, %2;\n"
+      "cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      "cvt.rn.f16x2.e4m3x2 %1, h;\n"
+      "}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(r));
+#else  // no fp8 conversion instruction: the toolkit's emulation
+  const __half2_raw l = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(r & 0xffffu), __NV_E4M3);
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(r >> 16), __NV_E4M3);
+  lo = static_cast<uint32_t>(l.x) | (static_cast<uint32_t>(l.y) << 16);
+  hi = static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+#endif
 }
 
 // A K fragment register (four E4M3 dims of one token) -> its k positions 2t, 2t+1 (lo) and
 // 2t+8, 2t+9 (hi).
 __device__ __forceinline__ void k_operands(uint32_t r, uint32_t& lo, uint32_t& hi) {
-  lo = e4m3x2_to_f16x2(r);
-  hi = e4m3x2_to_f16x2(r >> 16);
+  e4m3x4_to_f16x2x2(r, lo, hi);
 }
 
 // A transposed V fragment register (tokens 2t, 2t+1 x dims 2g, 2g+1) -> the A operand registers
 // of the even dim (tokens 2t, 2t+1 of dim 2g) and of the odd one (dim 2g+1).
 __device__ __forceinline__ void v_operands(uint32_t r, uint32_t& even, uint32_t& odd) {
-  const uint32_t split = __byte_perm(r, 0u, 0x3120u);  // bytes (2t,2g) (2t+1,2g) (2t,2g+1) (2t+1,2g+1)
-  even = e4m3x2_to_f16x2(split);
-  odd = e4m3x2_to_f16x2(split >> 16);
+  // bytes (2t,2g) (2t+1,2g) (2t,2g+1) (2t+1,2g+1)
+  e4m3x4_to_f16x2x2(__byte_perm(r, 0u, 0x3120u), even, odd);
 }
 
 // The query dim that B operand register `half` (0: k positions 2t, 2t+1; 1: 2t+8, 2t+9) of k-step

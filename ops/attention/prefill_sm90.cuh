@@ -1209,10 +1209,11 @@ enum class Sm90Load { kAuto, kTma, kGather };
 // work units, sm90_unit_index, the next unit's Q and K/V loaded under the current one's last tiles
 // and epilogue) instead of prefill_sm90_kernel (one CTA a unit); docs/perf/prefill-sm90.md,
 // "Persistent grid". Everything at 256 keeps one CTA a unit (one Q buffer fits). The calls TMA
-// loads measured 5-19 % faster there. kSm90PersistentGather sends the gathered calls too: at 64
-// their gather measured 14 % faster there (869 against 1020-1043 us), at 128 13 % slower while
-// the persistent producer had 40 registers and spilled, which at 56 it no longer does
-// ("Gathered calls on the persistent grid"; false restores one CTA a unit for them).
+// loads measured 5-19 % faster there. kSm90PersistentGather sends the gathered calls at head_dim
+// 64 too (889-890 against 1009-1043 us, 16 x 2048 page 16); at 128 they stay one CTA a unit:
+// spill-free since the producer has 56 registers, the persistent gather still measured 4-6 %
+// slower there on 16 x 2048 (1402 against 1344 us at page 16, 1440 against 1359 at page 1) and
+// equal on 4 x 2048, whose K/V fits in L2 ("Gathered calls on the persistent grid").
 // Sm90Grid forces either kernel (the self-test's A/B timing).
 constexpr bool kSm90Persistent = true;
 constexpr bool kSm90PersistentGather = true;
@@ -1364,10 +1365,12 @@ Status launch_prefill_sm90(const PrefillParams& p, LaunchContext ctx, Sm90Load l
   }
   unsigned units = 0;
   if (Status g = prefill_grid(p, &units); !g.ok()) return g;
-  // The persistent kernel at head_dim 64 and 128, TMA-loaded or gathered (kSm90PersistentGather);
-  // prefill_sm90_kernel at 256 (one Q buffer). Sm90Grid forces either.
-  const bool persistent = grid == Sm90Grid::kPersistent || (grid == Sm90Grid::kAuto && kSm90Persistent &&
-                                                            S::QBUF == 2 && (kSm90PersistentGather || !boxes.gather));
+  // The persistent kernel at head_dim 64 and 128 when TMA loads, and for the gather at 64
+  // (kSm90PersistentGather); prefill_sm90_kernel for the gather at 128 and everything at 256 (one
+  // Q buffer). Sm90Grid forces either.
+  const bool persistent =
+      grid == Sm90Grid::kPersistent || (grid == Sm90Grid::kAuto && kSm90Persistent && S::QBUF == 2 &&
+                                        (!boxes.gather || (kSm90PersistentGather && HEAD_DIM == 64)));
   const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
   if (!persistent) {
     constexpr auto kernel = prefill_sm90_kernel<T, HEAD_DIM, SOFTCAP>;

@@ -179,10 +179,11 @@ def test_bad_page_ids_are_recorded_and_poison_their_request(kiln_env, page, bad_
 @pytest.mark.parametrize("page", [1, 16])
 def test_gathered_batch_of_many_units_per_cta(kiln_env, page, head_dim):
     """More work units (items x query heads: 520 here) than an H100 or H200 has SMs (132), so each
-    CTA of the persistent grid, which serves gathered caches at head_dim 64 and 128, walks several
-    units of different lengths (empty and one-token requests among them): the K/V ring, the Q
-    buffers and the consumers' turns run on across units. A bad page id in one request is
-    recorded and poisons that request only, whichever CTA and unit reach it."""
+    CTA of the persistent grid, which serves gathered caches at head_dim 64, walks several units of
+    different lengths (empty and one-token requests among them): the K/V ring, the Q buffers and
+    the consumers' turns run on across units (at 128 the one-CTA-a-unit kernel serves the same
+    call). A bad page id in one request is recorded and poisons that request only, whichever CTA
+    and unit reach it."""
     need_sm90()
     kiln_env.set("KILN_PREFILL_FA3_STRICT", "1")
     gen = torch.Generator().manual_seed(500 + page + head_dim)
