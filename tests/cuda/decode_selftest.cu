@@ -32,20 +32,12 @@
 #include <vector>
 
 #include "ops/attention/decode.cuh"
+#include "tests/cuda/cuda_check.h"
 
 using namespace kiln;
 using namespace kiln::attention;
 
 namespace {
-
-#define CK(x)                                                                                               \
-  do {                                                                                                      \
-    cudaError_t e_ = (x);                                                                                   \
-    if (e_ != cudaSuccess) {                                                                                \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", #x, __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                                         \
-    }                                                                                                       \
-  } while (0)
 
 using bf16 = __nv_bfloat16;
 using fp8 = __nv_fp8_e4m3;

@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "ops/gemm/gemm.h"
+#include "tests/cuda/cuda_check.h"
 
 // A CUTLASS 3.x sm90 GEMM (tests/cuda/gemm_cutlass_probe.cu built with -DCUTLASS_PROBE_LIB), timed
 // as a peer when linked in; null otherwise.
@@ -58,15 +59,6 @@ using namespace kiln::gemm;
 namespace {
 
 // ---- plumbing ----------------------------------------------------------------------------------
-
-#define CK(x)                                                                                               \
-  do {                                                                                                      \
-    cudaError_t e_ = (x);                                                                                   \
-    if (e_ != cudaSuccess) {                                                                                \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", #x, __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                                         \
-    }                                                                                                       \
-  } while (0)
 
 // A hang (a barrier protocol bug) must not eat the device budget: the watchdog ends the process
 // when a phase runs past its deadline, naming the case.

@@ -133,22 +133,14 @@ def test_gathered_pages_equal_tma_tiles(kiln_env, page):
     assert torch.equal(out_p, out_r)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("page,bad_id", [(1, "past"), (1, "negative"), (5, "past"), (8, "negative")])
-def test_bad_page_ids_are_recorded_and_poison_their_request(kiln_env, page, bad_id):
-    """A page id outside the cache is never read: the gather zero-fills its rows, records the entry
-    for kiln.check_errors() and writes NaN over its request's outputs; other requests are exact."""
-    need_sm90()
-    kiln_env.set("KILN_PREFILL_FA3_STRICT", "1")
-    gen = torch.Generator().manual_seed(77 + page)
-    qo_lens, kv_lens = [40, 35, 150], [40, 35, 150]
-    batch = make_paged(kv_lens, page, HK, 128, BF16, "cuda", gen=gen)
+def check_bad_page_poisons_its_request(batch, qo_lens, page, head_dim, bad, value, gen):
+    """Plant page id `value` as request `bad`'s second page entry, run fa3 over the cache: the entry
+    is recorded once for kiln.check_errors(), the request's outputs are NaN, the others exact."""
     pool = batch.k_cache.shape[0]
-    at = int(batch.indptr[1]) + 1  # request 1's second page
-    value = pool + 3 if bad_id == "past" else -5
+    at = int(batch.indptr[bad]) + 1
     indices = batch.indices.clone()
     indices[at] = value
-    q = rand((sum(qo_lens), HQ, 128), BF16, "cuda", gen)
+    q = rand((sum(qo_lens), HQ, head_dim), BF16, "cuda", gen)
     qo_indptr, out, lse = run_paged(
         "cuda",
         "fa3",
@@ -169,9 +161,23 @@ def test_bad_page_ids_are_recorded_and_poison_their_request(kiln_env, page, bad_
     with pytest.raises(kiln.DeviceIndexError, match=message):
         kiln.check_errors()
     kiln.check_errors()  # reported once
-    lo, hi = int(qo_indptr[1]), int(qo_indptr[2])
+    lo, hi = int(qo_indptr[bad]), int(qo_indptr[bad + 1])
     assert out[lo:hi].isnan().all() and lse[lo:hi].isnan().all()
-    check_requests(batch.keys, qo_indptr, q, out, lse, True, BF16, skip=(1,))
+    check_requests(batch.keys, qo_indptr, q, out, lse, True, BF16, skip=(bad,))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page,bad_id", [(1, "past"), (1, "negative"), (5, "past"), (8, "negative")])
+def test_bad_page_ids_are_recorded_and_poison_their_request(kiln_env, page, bad_id):
+    """A page id outside the cache is never read: the gather zero-fills its rows, records the entry
+    for kiln.check_errors() and writes NaN over its request's outputs; other requests are exact."""
+    need_sm90()
+    kiln_env.set("KILN_PREFILL_FA3_STRICT", "1")
+    gen = torch.Generator().manual_seed(77 + page)
+    qo_lens, kv_lens = [40, 35, 150], [40, 35, 150]
+    batch = make_paged(kv_lens, page, HK, 128, BF16, "cuda", gen=gen)
+    value = batch.k_cache.shape[0] + 3 if bad_id == "past" else -5
+    check_bad_page_poisons_its_request(batch, qo_lens, page, 128, 1, value, gen)
 
 
 @pytest.mark.gpu
@@ -191,34 +197,8 @@ def test_gathered_batch_of_many_units_per_cta(kiln_env, page, head_dim):
     qo_lens[5], qo_lens[6] = 0, 1
     kv_lens = [n + (13 * i) % 40 for i, n in enumerate(qo_lens)]
     batch = make_paged(kv_lens, page, HK, head_dim, BF16, "cuda", gen=gen)
-    pool = batch.k_cache.shape[0]
-    bad = 27  # a request with several pages
-    at = int(batch.indptr[bad]) + 1
-    indices = batch.indices.clone()
-    indices[at] = pool + 1
-    q = rand((sum(qo_lens), HQ, head_dim), BF16, "cuda", gen)
-    qo_indptr, out, lse = run_paged(
-        "cuda",
-        "fa3",
-        batch.k_cache,
-        batch.v_cache,
-        batch.indptr,
-        indices,
-        batch.last_page_len,
-        qo_lens,
-        q,
-        page,
-        "NHD",
-        True,
-        BF16,
-    )
-    torch.cuda.synchronize()
-    message = rf"kv_indices\[{at}\] = {pool + 1} is not a page of the cache"
-    with pytest.raises(kiln.DeviceIndexError, match=message):
-        kiln.check_errors()
-    lo, hi = int(qo_indptr[bad]), int(qo_indptr[bad + 1])
-    assert out[lo:hi].isnan().all() and lse[lo:hi].isnan().all()
-    check_requests(batch.keys, qo_indptr, q, out, lse, True, BF16, skip=(bad,))
+    # request 27 has several pages
+    check_bad_page_poisons_its_request(batch, qo_lens, page, head_dim, 27, batch.k_cache.shape[0] + 1, gen)
 
 
 def broadcast_cache(kv_lens, page, head_dim, dtype, device, gen):
