@@ -44,13 +44,13 @@ selftest_build() {  # tree, binary, log, [nvcc flags]
   (cd "$1" && nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90,code=sm_90 -I. ${4:-} \
     "$OLDPWD/tests/cuda/decode_selftest.cu" -o "$2") >"$3" 2>&1
 }
-variant_pids=()
+variant_pids=() variant_names=()
 if [ -z "${SKIP_SELFTEST:-}" ]; then
   selftest_build . /tmp/decode_selftest "$OUT/selftest.log" &
   selftest_pid=$!
   for v in ${VARIANTS:-}; do
     selftest_build . "/tmp/decode_selftest_${v%%:*}" "$OUT/selftest_${v%%:*}.log" "${v#*:}" &
-    variant_pids+=($!)
+    variant_pids+=($!) variant_names+=("${v%%:*}")
   done
   if [ -d .baseline/ops ]; then
     selftest_build .baseline /tmp/decode_selftest_baseline "$OUT/selftest_baseline.log" &
@@ -73,8 +73,7 @@ if [ -n "${selftest_pid:-}" ]; then
   runs=(now)
   [ -n "${baseline_pid:-}" ] && wait "$baseline_pid" && runs=(now baseline now)
   for i in "${!variant_pids[@]}"; do
-    v=${VARIANTS// /$'\n'}; v=$(sed -n "$((i + 1))p" <<<"$v")
-    wait "${variant_pids[$i]}" && runs+=("${v%%:*}")
+    wait "${variant_pids[$i]}" && runs+=("${variant_names[$i]}")
   done
   if wait "$selftest_pid"; then
     step "self-test: check"

@@ -187,15 +187,15 @@ __global__ void __launch_bounds__(kDecodeThreads)
   // The grid walks a work item's kv heads (x head chunks) fastest, so the CTAs reading the slices
   // of the same token rows run side by side: 8 NHD heads' 256-byte slices make one 2 KB row,
   // fetched from DRAM together (B256 L2048: 491 against 507 us with the work item fastest).
-  const int units = int(p.num_kv_heads) * (int(p.num_qo_heads / p.num_kv_heads) / heads_per_cta);
+  const int group_size = int(p.num_qo_heads / p.num_kv_heads);
+  const int head_chunks = group_size / heads_per_cta;
+  const int units = int(p.num_kv_heads) * head_chunks;
   const int unit = int(blockIdx.x % units), work = int(blockIdx.x / units);
   const int request = p.work_request[work];
   if (request < 0) return;  // padding entry (CUDA-graph capacity)
   const int tok_begin = p.work_token_begin[work];
   const int tok_end = p.work_token_end[work];
   const int out_index = p.work_out_index[work];
-  const int group_size = int(p.num_qo_heads / p.num_kv_heads);
-  const int head_chunks = group_size / heads_per_cta;
   const int kv_head = unit / head_chunks;
   const int qo_head0 = kv_head * group_size + (unit % head_chunks) * heads_per_cta;
 

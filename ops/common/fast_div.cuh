@@ -1,4 +1,5 @@
-// Division by a run-time divisor fixed for a whole launch (a page size), for device code.
+// Division by a run-time divisor fixed for a whole launch (a page size): built on the host, passed
+// to the kernel, used in device code.
 #pragma once
 
 #include <cstdint>
