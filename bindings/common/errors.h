@@ -18,11 +18,13 @@ namespace kiln::bindings {
 
 namespace py = pybind11;
 
-// `errors`: the address of the device's error record (kiln/errors.py; 0 on the CPU).
-inline kiln::LaunchContext launch_context(const TensorView& t, uintptr_t stream, uintptr_t errors) {
+// `errors`: the address of the device's error record (kiln/errors.py; 0 on the CPU). `pdl`: the
+// caller's resolved enable_pdl (kiln.utils.use_pdl: true only on sm90+), never set on the host.
+inline kiln::LaunchContext launch_context(const TensorView& t, uintptr_t stream, uintptr_t errors,
+                                          bool pdl = false) {
   const bool host = t.device.device_type == dl::kCPU || t.device.device_type == dl::kCUDAHost;
   return {reinterpret_cast<void*>(stream), host ? -1 : t.device.device_id,
-          host ? nullptr : reinterpret_cast<int64_t*>(errors)};
+          host ? nullptr : reinterpret_cast<int64_t*>(errors), pdl && !host};
 }
 
 inline void raise_if_failed(const kiln::Status& s, const char* uri) {

@@ -25,11 +25,14 @@ struct Status {
 // Where a launch runs: the stream (a cudaStream_t, or null for the host backend), the CUDA device
 // ordinal the stream belongs to (-1 on the host), and the device's index-error record (four int64
 // in device memory, ops/common/device_error.h; null on the host, whose backend returns
-// Status::IndexError instead).
+// Status::IndexError instead). `pdl`: launch with programmatic dependent launch (sm90+), so the
+// kernel may start while the previous one on the stream finishes; only kernels that wait for their
+// producer (kiln::pdl_wait, ops/common/pdl.cuh) before touching memory are launched so.
 struct LaunchContext {
   void* stream = nullptr;
   int device = -1;
   int64_t* errors = nullptr;
+  bool pdl = false;
 };
 
 }  // namespace kiln

@@ -25,6 +25,44 @@ def compute_capability(device: torch.device | int | str | None = None) -> tuple[
     return torch.cuda.get_device_capability(device)
 
 
+def get_compute_capability(device: torch.device | int | str | None = None) -> tuple[int, int]:
+    """FlashInfer's name for :func:`compute_capability`."""
+    return compute_capability(device)
+
+
+@functools.cache
+def _cc_of_index(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _cuda_cc(device: torch.device) -> tuple[int, int] | None:
+    """The compute capability of a CUDA device, None for any other device (cached per index)."""
+    if device.type != "cuda":
+        return None
+    return _cc_of_index(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def device_support_pdl(device: torch.device) -> bool:
+    """Can kernels on `device` use programmatic dependent launch (a CUDA device of sm90 or later)?"""
+    cc = _cuda_cc(torch.device(device))
+    return cc is not None and cc[0] >= 9
+
+
+def is_sm90a_supported(device: torch.device) -> bool:
+    """Does `device` run sm_90a kernels (wgmma, TMA): compute capability 9.0 exactly."""
+    return _cuda_cc(torch.device(device)) == (9, 0)
+
+
+def use_pdl(enable_pdl: bool | None, device: torch.device) -> bool:
+    """FlashInfer's ``enable_pdl`` resolved for one launch: None means "where the device supports
+    it", True asks for it (ignored on CPU tensors and below sm90, where there is none), False never."""
+    if enable_pdl is False:
+        return False
+    if enable_pdl is not None and not isinstance(enable_pdl, bool):
+        raise TypeError(f"enable_pdl must be a bool or None, got {type(enable_pdl).__name__}")
+    return device_support_pdl(device)
+
+
 @functools.cache
 def target_arch_families(label: str) -> tuple[ArchFamily, ...]:
     """The GPU arch families a target declares in its BUILD file (empty: no CUDA backend)."""
