@@ -26,18 +26,19 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def workspace_bytes(buffer, api: str) -> torch.Tensor:
-    """The wrapper's float_workspace_buffer as a flat uint8 view, after checking it is one."""
+    """The wrapper's float_workspace_buffer as a flat uint8 view, after checking it is a buffer of
+    bytes: uint8, or int8 as FlashInfer's tests and several engines allocate it."""
     if not isinstance(buffer, torch.Tensor):
         raise TypeError(f"{api}: float_workspace_buffer must be a torch.Tensor, got {type(buffer).__name__}")
-    if buffer.dtype != torch.uint8:
-        raise TypeError(f"{api}: float_workspace_buffer must be a torch.uint8 tensor (e.g. "
+    if buffer.dtype not in (torch.uint8, torch.int8):
+        raise TypeError(f"{api}: float_workspace_buffer must be a torch.uint8 or torch.int8 tensor (e.g. "
                         f"torch.empty(128 << 20, dtype=torch.uint8, device=...)), got {buffer.dtype}")
     if not buffer.is_contiguous():
         raise ValueError(f"{api}: float_workspace_buffer must be contiguous")
     if buffer.numel() < MIN_WORKSPACE_BYTES:
         raise ValueError(f"{api}: float_workspace_buffer has {buffer.numel()} bytes; kiln needs at least "
                          f"{MIN_WORKSPACE_BYTES} (1 MiB; 128 MB serves every plan)")
-    return buffer.view(-1)
+    return buffer.view(-1).view(torch.uint8)
 
 
 def soft_cap(value, api: str) -> float | None:

@@ -100,8 +100,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
                  backend: str = "auto", jit_args=None) -> None:
         """
         Args:
-            float_workspace_buffer: scratch for split-KV partial results: a contiguous uint8
-                tensor of at least 1 MiB (FlashInfer suggests 128 MB) on the device the wrapper
+            float_workspace_buffer: scratch for split-KV partial results: a contiguous uint8 or
+                int8 tensor of at least 1 MiB (FlashInfer suggests 128 MB) on the device the wrapper
                 runs on.
             kv_layout: "NHD" or "HND".
             use_cuda_graph: keep every buffer run() touches fixed, so run() can be captured.

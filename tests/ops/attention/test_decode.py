@@ -336,7 +336,7 @@ def test_bad_inputs(device):
         kiln.BatchDecodeWithPagedKVCacheWrapper(ws, kv_layout="NDH")
     with pytest.raises(ValueError, match="float_workspace_buffer has 16 bytes; kiln needs at least 1048576"):
         kiln.BatchDecodeWithPagedKVCacheWrapper(torch.empty(16, dtype=torch.uint8, device=device))
-    with pytest.raises(TypeError, match="float_workspace_buffer must be a torch.uint8 tensor"):
+    with pytest.raises(TypeError, match="float_workspace_buffer must be a torch.uint8 or torch.int8 tensor"):
         kiln.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.float32, device=device))
     with pytest.raises(ValueError, match="logits_soft_cap must be None, 0 .* got -5"):
         w.plan(batch.indptr, batch.indices, batch.last_page_len, 4, 2, 64, 16, logits_soft_cap=-5.0)
