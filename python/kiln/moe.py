@@ -616,18 +616,25 @@ def _take(api: str, plan, device: torch.device, workspace) -> dict[str, torch.Te
     return views
 
 
-def _decide(t, k, e, h, i, fp8_13, fp8_2, block13, up_first, generic, backend, unit):
+def _decide(t, k, e, h, i, fp8_13, fp8_2, block13, up_first, generic, backend, unit13=True, unit2=True):
     """The layer's path for these shapes (never the routing): (small, gemm13, gemm2) -- the
     small-batch expert kernels, and on the grouped path whether each projection runs the fp8
-    grouped GEMM (else fp8 weights are dequantised first)."""
+    grouped GEMM (else fp8 weights are dequantised first). unit13, unit2: the weights' rows are
+    contiguous (the small-batch kernels stream them; the fp8 GEMM reads them so)."""
     n = t * k
-    small = backend != "triton" and unit and t <= SMALL_BATCH_TOKENS and n <= SMALL_BATCH_ROWS_PER_EXPERT * e
+    small = (
+        backend != "triton"
+        and unit13
+        and unit2
+        and t <= SMALL_BATCH_TOKENS
+        and n <= SMALL_BATCH_ROWS_PER_EXPERT * e
+    )
     fp8_gemm = FP8_GROUPED_GEMM and backend != "triton" and not small
     # fc1's two halves are separate GEMMs on the standard up-first path: block scales split at row I
     # need I % 128 == 0 (the generic path runs one GEMM over every row).
     split_ok = generic or not up_first or not block13 or i % BLOCK == 0
-    gemm13 = fp8_gemm and fp8_13 and h % BLOCK == 0 and split_ok and unit
-    gemm2 = fp8_gemm and fp8_2 and i % BLOCK == 0 and unit
+    gemm13 = fp8_gemm and fp8_13 and h % BLOCK == 0 and split_ok and unit13
+    gemm2 = fp8_gemm and fp8_2 and i % BLOCK == 0 and unit2
     return small, gemm13, gemm2
 
 
@@ -726,9 +733,11 @@ def _layer(
     fp8_13 = _check_weight(api, "w13", w13, w13_scale, dtype)
     fp8_2 = _check_weight(api, "w2", w2, w2_scale, dtype)
     k = ids.shape[1]
-    unit = w13.stride(-1) == 1 and w2.stride(-1) == 1  # the small-batch kernels stream weight rows
     block13 = fp8_13 and w13_scale.dim() == 3
-    small, gemm13, gemm2 = _decide(t, k, e, h, i, fp8_13, fp8_2, block13, up_first, generic, backend, unit)
+    unit13, unit2 = w13.stride(-1) == 1, w2.stride(-1) == 1
+    small, gemm13, gemm2 = _decide(
+        t, k, e, h, i, fp8_13, fp8_2, block13, up_first, generic, backend, unit13, unit2
+    )
     deq13, deq2 = not small and fp8_13 and not gemm13, not small and fp8_2 and not gemm2
     plan = _layer_plan(t, k, e, h, i, rows13, dtype, small, deq13, deq2, generic, x_copy)
     buf = _take(api, plan, x.device, workspace)
@@ -1453,7 +1462,7 @@ def cutlass_fused_moe_workspace_size(
             if t < 1:
                 continue
             small, gemm13, gemm2 = _decide(
-                t, k, e, h, i, fp8, fp8, use_deepseek_fp8_block_scale, True, generic, "auto", True
+                t, k, e, h, i, fp8, fp8, use_deepseek_fp8_block_scale, True, generic, "auto"
             )
             deq13, deq2 = not small and fp8 and not gemm13, not small and fp8 and not gemm2
             plan = _layer_plan(t, k, e, h, i, rows13, dtype, small, deq13, deq2, generic, fp8_input)
