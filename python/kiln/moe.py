@@ -11,8 +11,12 @@ and FlashInfer's names and argument order.
     fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, activation="silu", w13_scale=None,
               w2_scale=None, out=None, *, backend="auto")     w13 [E, 2I, H]: gate rows, then up
     cutlass_fused_moe(input, token_selected_experts, token_final_scales, fc1_expert_weights,
-                      fc2_expert_weights, output_dtype=None, quant_scales=None, output=None, *,
-                      backend="auto")                          fc1 [E, 2I, H]: up rows, then gate
+                      fc2_expert_weights, output_dtype=None, quant_scales=None, ... FlashInfer
+                      0.7.2's 36 positional and 4 keyword-only arguments) -> [output]
+                                                               fc1 [E, 2I, H]: up rows, then gate
+    cutlass_fused_moe_workspace_size(max_num_tokens, hidden_size, intermediate_size,
+                                     num_experts_total, top_k, *, x_dtype, weight_dtype, ...)
+    ActivationType                                             FlashInfer's enum (its values)
 
 The layer is moe_permute -> kiln.grouped_mm (gate and up in one GEMM) -> silu/gelu-tanh-and-mul ->
 kiln.grouped_mm (down) -> moe_unpermute (the weighted sum over the k experts, float32); with fp8
@@ -27,7 +31,10 @@ is a launch of a size fixed by the shapes: no host synchronisation, no allocatio
 the routing, so the layer captures in a CUDA graph and replays with new routing. Expert id -1 (an
 expert of another rank) contributes nothing. Ids outside [-1, E) are an IndexError at once on the
 CPU and with KILN_VALIDATE_INDICES=1; on CUDA they give no row and are recorded for
-kiln.check_errors(). docs/moe.md has the layouts, the tie rules and what each refuses.
+kiln.check_errors(). cutlass_fused_moe's other activation types, biases and activation parameters
+take the generic path: the up projection whole, kiln's expert_act kernel (per-expert parameters),
+the down projection; expert parallelism maps global ids in the sort; a workspace_buffer holds every
+scratch tensor. docs/moe.md has the layouts, the tie rules and what each refuses.
 """
 
 from __future__ import annotations
