@@ -5,19 +5,23 @@
 //   topk(*, weights, ids, logits, top_k, scoring, renormalize, num_groups, topk_group, bias=None,
 //        scale=1.0, errors=0, stream=0)
 //   sort(*, ids, num_experts, offs=None, src_idx=None, sorted_ids=None, expert_ids=None,
-//        num_post_pad=None, block_size=0, errors=0, stream=0)
+//        num_post_pad=None, block_size=0, first_expert=0, total_experts=0, errors=0, stream=0)
 //   gather(*, out, hidden, src_idx, top_k, errors=0, stream=0)
 //   unpermute(*, out, rows, weights, src_idx, inv, errors=0, stream=0)
 //   experts(*, out, x, w, offs, gated, act, gate_row0=0, up_row0=0, w_scale=None, errors=0, stream=0)
 //   dequant(*, out, w, w_scale, stream=0)
+//   expert_act(*, out, input, offs, act, gate_col0=0, up_col0=0, p0=None, p1=None, p2=None,
+//              defaults=(0, 0, 0), bias=None, stream=0)
 //
 // logits [T, E] (module dtype, contiguous rows); weights float32 and ids int32 [T, k] contiguous;
 // bias float32 [E]; sort's ids int32, any shape, contiguous (flattened to n); hidden/out/rows of
 // the module's dtype, 2-D, contiguous in the last dimension with any row stride.
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "bindings/common/errors.h"
 #include "bindings/common/tensor_view.h"
@@ -136,7 +140,8 @@ int32_t* optional_out(py::object obj, const char* name, const TensorView& ref, i
 }
 
 void sort(py::handle ids_obj, int64_t num_experts, py::object offs, py::object src_idx, py::object sorted_ids,
-          py::object expert_ids, py::object num_post_pad, int64_t block_size, uintptr_t errors, uintptr_t stream) {
+          py::object expert_ids, py::object num_post_pad, int64_t block_size, int64_t first_expert,
+          int64_t total_experts, uintptr_t errors, uintptr_t stream) {
   TensorView ids = tensor(ids_obj, "topk_ids", nullptr, kInt32, "int32", true);
   if (num_experts < 1 || num_experts > km::kMaxExperts) {
     kb::value_error("num_experts must be in [1, " + str(km::kMaxExperts) + "], got " + str(num_experts));
@@ -144,9 +149,16 @@ void sort(py::handle ids_obj, int64_t num_experts, py::object offs, py::object s
   const int64_t n = ids.numel();
   if (n >= (int64_t(1) << 30)) kb::value_error("topk_ids holds " + str(n) + " ids, more than int32 rows allow");
   if (block_size < 0) kb::value_error("block_size must be positive, got " + str(block_size));
+  if (total_experts == 0) total_experts = num_experts;
+  if (first_expert < 0 || first_expert + num_experts > total_experts || total_experts >= (int64_t(1) << 31)) {
+    kb::value_error("the local experts [first_expert, first_expert + num_experts) = [" + str(first_expert) + ", " +
+                    str(first_expert + num_experts) + ") must lie in [0, total_experts = " + str(total_experts) +
+                    ") (expert parallelism), and total_experts below 2^31");
+  }
   km::SortParams p{};
   p.ids = static_cast<const int32_t*>(ids.data);
   p.n = n, p.experts = num_experts, p.block_size = block_size;
+  p.first_expert = first_expert, p.total_experts = total_experts;
   p.offs = optional_out(offs, "offs", ids, num_experts, "one per expert");
   p.src_idx = optional_out(src_idx, "src_idx", ids, n, "one per routed slot");
   if (p.src_idx != nullptr && p.offs == nullptr) kb::value_error("src_idx needs offs");
@@ -334,6 +346,72 @@ void dequant(py::handle out_obj, py::handle w_obj, py::handle scale_obj, uintptr
   kb::raise_if_failed(st, kiln::spec::kUri);
 }
 
+// One per-expert parameter of expert_act: float32 [E] (one per expert) or [1] (one for all).
+const float* act_param(py::object obj, const char* name, const TensorView& ref, int64_t E, int64_t& stride) {
+  stride = 0;
+  if (obj.is_none()) return nullptr;
+  TensorView t = tensor(obj, name, &ref, kFloat, "float32", true);
+  if (t.numel() != E && t.numel() != 1) {
+    kb::value_error(std::string(name) + " must hold one value per expert (" + str(E) + ") or one, got shape " +
+                    t.shape_str());
+  }
+  stride = t.numel() == 1 ? 0 : 1;
+  return static_cast<const float*>(t.data);
+}
+
+void expert_act(py::handle out_obj, py::handle in_obj, py::handle offs_obj, int act, int64_t gate_col0, int64_t up_col0,
+                py::object p0, py::object p1, py::object p2, py::tuple defaults, py::object bias_obj,
+                uintptr_t stream) {
+  TensorView in = rows_view(in_obj, "input", nullptr);
+  TensorView offs = tensor(offs_obj, "offs", &in, kInt32, "int32", true);
+  const int64_t E = offs.numel(), rows = in.shape[0];
+  if (E < 1) kb::value_error("offs must hold one entry per expert, got " + offs.shape_str());
+  if (act < 0 || act >= km::kNumExpertActs) {
+    kb::value_error("act must be in [0, " + str(km::kNumExpertActs) + ") (the module's expert_acts), got " + str(act));
+  }
+  const auto a = static_cast<km::ExpertAct>(act);
+  const bool gated = km::is_gated(a);
+  TensorView out = rows_view(out_obj, "out", &in);
+  if (out.shape[0] != rows) kb::value_error("out must have input's " + str(rows) + " rows, got " + out.shape_str());
+  const int64_t cols = out.shape[1];
+  const int64_t up0 = gated ? up_col0 : gate_col0;
+  if (gate_col0 < 0 || up0 < 0 || gate_col0 + cols > in.shape[1] || up0 + cols > in.shape[1]) {
+    kb::value_error("the input columns [gate_col0, +cols) and [up_col0, +cols) must lie in input's " +
+                    str(in.shape[1]) + " columns (cols " + str(cols) + ", gate_col0 " + str(gate_col0) + ", up_col0 " +
+                    str(up0) + ")");
+  }
+  kb::check_no_internal_overlap(out);
+  kb::check_disjoint(out, in);
+  if (defaults.size() != km::kExpertActParams) kb::value_error("defaults must hold 3 floats");
+  km::ExpertActParams p{};
+  py::object params[km::kExpertActParams] = {p0, p1, p2};
+  const char* names[km::kExpertActParams] = {"p0", "p1", "p2"};
+  for (int i = 0; i < km::kExpertActParams; ++i) {
+    p.param[i] = act_param(params[i], names[i], in, E, p.param_stride[i]);
+    p.param_default[i] = defaults[i].cast<float>();
+  }
+  if (!bias_obj.is_none()) {
+    TensorView bias = tensor(bias_obj, "bias", &in, kDType, "the input's dtype", false);
+    if (bias.ndim != 2 || bias.shape[0] != E || bias.strides[1] != 1 ||
+        bias.shape[1] < std::max(gate_col0, up0) + cols) {
+      kb::value_error("bias must be [experts = " + str(E) + ", >= " + str(std::max(gate_col0, up0) + cols) +
+                      "] with unit column stride (one row per expert, the input's columns), got " + bias.shape_str());
+    }
+    kb::check_element_aligned(bias, sizeof(Elem));
+    p.bias = bias.data, p.bias_stride = bias.strides[0];
+  }
+  p.out = out.data, p.in = in.data, p.offs = static_cast<const int32_t*>(offs.data);
+  p.rows = rows, p.experts = E, p.cols = cols, p.in_stride = in.strides[0], p.out_stride = out.strides[0];
+  p.gate_col0 = gate_col0, p.up_col0 = up0, p.act = a;
+  const kiln::LaunchContext ctx = kb::launch_context(in, stream, 0);
+  kiln::Status s;
+  {
+    py::gil_scoped_release no_gil;
+    s = km::expert_act(p, ctx);
+  }
+  kb::raise_if_failed(s, kiln::spec::kUri);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(KILN_MODULE_NAME, m) {
@@ -350,6 +428,22 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
   acts["silu"] = static_cast<int>(kiln::activation::Act::kSilu);
   acts["gelu"] = static_cast<int>(kiln::activation::Act::kGeluTanh);  // fused_moe's "gelu": tanh
   m.attr("acts") = acts;
+  py::dict expert_acts;  // expert_act's activations (moe.h ExpertAct)
+  const std::pair<const char*, km::ExpertAct> table[] = {
+      {"swiglu", km::ExpertAct::kSwiglu},
+      {"swiglu_step", km::ExpertAct::kSwigluStep},
+      {"geglu", km::ExpertAct::kGeglu},
+      {"geglu_tanh", km::ExpertAct::kGegluTanh},
+      {"situ", km::ExpertAct::kSitu},
+      {"gelu", km::ExpertAct::kGelu},
+      {"relu", km::ExpertAct::kRelu},
+      {"silu", km::ExpertAct::kSilu},
+      {"relu2", km::ExpertAct::kRelu2},
+      {"identity", km::ExpertAct::kIdentity},
+      {"clamped_relu2", km::ExpertAct::kClampedRelu2},
+  };
+  for (const auto& [name, a] : table) expert_acts[name] = static_cast<int>(a);
+  m.attr("expert_acts") = expert_acts;
   kb::export_error_texts(m);
   m.def("topk", &topk, py::kw_only(), py::arg("weights"), py::arg("ids"), py::arg("logits"), py::arg("top_k"),
         py::arg("scoring"), py::arg("renormalize"), py::arg("num_groups"), py::arg("topk_group"),
@@ -357,7 +451,8 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
         "routing: top-k experts per token and their weights");
   m.def("sort", &sort, py::kw_only(), py::arg("ids"), py::arg("num_experts"), py::arg("offs") = py::none(),
         py::arg("src_idx") = py::none(), py::arg("sorted_ids") = py::none(), py::arg("expert_ids") = py::none(),
-        py::arg("num_post_pad") = py::none(), py::arg("block_size") = 0, py::arg("errors") = 0, py::arg("stream") = 0,
+        py::arg("num_post_pad") = py::none(), py::arg("block_size") = 0, py::arg("first_expert") = 0,
+        py::arg("total_experts") = 0, py::arg("errors") = 0, py::arg("stream") = 0,
         "group the routed slots by expert (permute's rows, align's blocks)");
   m.def("gather", &gather, py::kw_only(), py::arg("out"), py::arg("hidden"), py::arg("src_idx"), py::arg("top_k"),
         py::arg("errors") = 0, py::arg("stream") = 0, "permuted[r] = hidden[src_idx[r] / top_k]");
@@ -370,4 +465,8 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
         "small-batch expert GEMM (gated: the up projection with its activation)");
   m.def("dequant", &dequant, py::kw_only(), py::arg("out"), py::arg("w"), py::arg("w_scale"), py::arg("stream") = 0,
         "fp8 e4m3 weights times their per-expert or 128 x 128 block scales, into the module's dtype");
+  m.def("expert_act", &expert_act, py::kw_only(), py::arg("out"), py::arg("input"), py::arg("offs"), py::arg("act"),
+        py::arg("gate_col0") = 0, py::arg("up_col0") = 0, py::arg("p0") = py::none(), py::arg("p1") = py::none(),
+        py::arg("p2") = py::none(), py::arg("defaults") = py::make_tuple(0.0, 0.0, 0.0), py::arg("bias") = py::none(),
+        py::arg("stream") = 0, "the activation between the projections, per expert (rows grouped by offs)");
 }

@@ -189,7 +189,7 @@ _CUTLASS = (
 def kiln_cutlass(inp, ctx):
     args = [inp[n] for n in _CUTLASS]
     out = _nan_out(args[0].shape, args[0].dtype, args[0].device)
-    return lambda: kiln.cutlass_fused_moe(*args, args[0].dtype, output=out)
+    return lambda: kiln.cutlass_fused_moe(*args, args[0].dtype, output=out)[0]
 
 
 def torch_cutlass(inp, ctx):

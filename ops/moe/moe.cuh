@@ -169,6 +169,13 @@ inline int sort_warps(int64_t experts) {
   return static_cast<int>(std::clamp<int64_t>(room / std::max<int64_t>(experts, 1), 1, kSortMaxWarps));
 }
 
+// The local expert of a global id (expert parallelism, moe.h), or -1 for no row: -1 itself, another
+// rank's expert, or an id outside [0, total_experts) (which the caller reports).
+__device__ __forceinline__ int32_t local_expert(const SortParams& p, int32_t id) {
+  const int64_t l = int64_t(id) - p.first_expert;
+  return id >= 0 && l >= 0 && l < p.experts ? static_cast<int32_t>(l) : -1;
+}
+
 __global__ void __launch_bounds__(kSortMaxWarps * 32) sort_kernel(const SortParams p) {
   extern __shared__ int32_t ismem[];
   const int W = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -185,9 +192,12 @@ __global__ void __launch_bounds__(kSortMaxWarps * 32) sort_kernel(const SortPara
   const int64_t lo = std::min<int64_t>(p.n, warp * per), hi = std::min<int64_t>(p.n, lo + per);
   for (int64_t base = lo; base < hi; base += 32) {
     const int64_t i = base + lane;
-    const int32_t e = i < hi ? p.ids[i] : -1;
-    const bool valid = e >= 0 && e < E;
-    if (i < hi && !valid && e != -1) record_error(p.errors, ErrorCode::kExpertId, i, e, E);
+    const int32_t id = i < hi ? p.ids[i] : -1;
+    const int32_t e = local_expert(p, id);
+    const bool valid = e >= 0;
+    if (i < hi && (id < -1 || id >= p.total_experts)) {
+      record_error(p.errors, ErrorCode::kExpertId, i, id, p.total_experts);
+    }
     const unsigned peers = __match_any_sync(kFull, valid ? e : -1);
     if (valid && lane == __ffs(peers) - 1) cnt[warp * E + e] += __popc(peers);
     __syncwarp();
@@ -261,8 +271,8 @@ __global__ void __launch_bounds__(kSortMaxWarps * 32) sort_kernel(const SortPara
   __syncthreads();
   for (int64_t base = lo; base < hi; base += 32) {
     const int64_t i = base + lane;
-    const int32_t e = i < hi ? p.ids[i] : -1;
-    const bool valid = e >= 0 && e < E;
+    const int32_t e = local_expert(p, i < hi ? p.ids[i] : -1);
+    const bool valid = e >= 0;
     const unsigned peers = __match_any_sync(kFull, valid ? e : -1);
     if (valid) {
       const int32_t within = cnt[warp * E + e] + __popc(peers & ((1u << lane) - 1u));
@@ -841,6 +851,67 @@ Status launch_dequant(const DequantParams& p, LaunchContext ctx) {
     dequant_kernel<T, 1><<<blocks, kCopyThreads, 0, stream>>>(p);
   }
   return cuda_status(cudaGetLastError(), "moe dequant kernel launch");
+}
+
+// --- expert_act: the activation between the projections, per expert (moe.h) ------------------------
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kCopyThreads) expert_act_kernel(const ExpertActParams p) {
+  using V = Vec<T, VEC>;
+  const int64_t nvec = p.cols / VEC;
+  const bool gated = is_gated(p.act);
+  for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
+    const int64_t e = expert_of_row(p.offs, p.experts, r);
+    const bool routed = e < p.experts;
+    float q[kExpertActParams];
+#pragma unroll
+    for (int i = 0; i < kExpertActParams; ++i) {
+      q[i] = routed && p.param[i] != nullptr ? p.param[i][e * p.param_stride[i]] : p.param_default[i];
+    }
+    const T* in = static_cast<const T*>(p.in) + r * p.in_stride;
+    const T* bias = routed && p.bias != nullptr ? static_cast<const T*>(p.bias) + e * p.bias_stride : nullptr;
+    T* out = static_cast<T*>(p.out) + r * p.out_stride;
+    for (int64_t j = int64_t(blockIdx.x) * kCopyThreads + threadIdx.x; j < nvec;
+         j += int64_t(gridDim.x) * kCopyThreads) {
+      const int64_t c = j * VEC;
+      V o;
+      if (!routed) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) o.set(k, 0.f);
+      } else {
+        const V g = V::load(in + p.gate_col0 + c);
+        const V u = gated ? V::load(in + p.up_col0 + c) : g;
+        V bg, bu;
+        if (bias != nullptr) {
+          bg = V::load(bias + p.gate_col0 + c);
+          bu = gated ? V::load(bias + p.up_col0 + c) : bg;
+        }
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const float gv = g.get(k) + (bias != nullptr ? bg.get(k) : 0.f);
+          const float uv = gated ? u.get(k) + (bias != nullptr ? bu.get(k) : 0.f) : 0.f;
+          o.set(k, apply_expert_act(p.act, gv, uv, q[0], q[1], q[2]));
+        }
+      }
+      o.store(out + c);
+    }
+  }
+}
+
+template <typename T>
+Status launch_expert_act(const ExpertActParams& p, LaunchContext ctx) {
+  if (p.rows == 0 || p.cols == 0) return Status::Ok();
+  DeviceGuard guard(ctx.device);
+  const int vec = choose_vec<T>(p.cols, {p.in_stride, p.out_stride, p.gate_col0, p.up_col0, p.bias_stride},
+                                {p.out, p.in, p.bias != nullptr ? p.bias : p.in});
+  const dim3 grid = copy_grid(p.rows, p.cols / vec);
+  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
+  const bool ok = dispatch_value<1, 2, 4, 8>(vec, [&](auto kVec) {
+    constexpr int VEC = decltype(kVec)::value;
+    if constexpr (VEC * sizeof(T) <= 16) expert_act_kernel<T, VEC><<<grid, kCopyThreads, 0, stream>>>(p);
+  });
+  if (!ok) return Status::Error(1, "moe expert_act: no kernel for vec=" + std::to_string(vec));
+  return cuda_status(cudaGetLastError(), "moe expert_act kernel launch");
 }
 
 }  // namespace kiln::moe

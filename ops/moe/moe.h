@@ -24,6 +24,15 @@
 //              (w[e, up_row0 + c] . x[r]) (the up projection with its activation fused), plain:
 //              out[r, c] = w[e, c] . x[r] (the down projection); float32 dot products, rounded once.
 //              Weights of the module's dtype, or fp8 e4m3 with per-expert or 128 x 128 block scales.
+//   expert_act: the activation between the two projections, with per-expert parameters (FlashInfer's
+//              cutlass_fused_moe activation types): for each row r of expert e (offs) and column
+//              c < cols, gated: out[r, c] = act(in[r, gate_col0 + c] + b, in[r, up_col0 + c] + b'),
+//              plain: out[r, c] = act(in[r, gate_col0 + c] + b) (b, b' the expert's bias at those
+//              columns, or 0); float32 arithmetic, rounded once. Rows past offs[E-1] (no expert) are
+//              zero.
+//   The sort maps ids for expert parallelism: with first_expert f and total_experts N, id e in
+//   [f, f + E) is local expert e - f, an id in [0, N) outside it (another rank's expert) gives no
+//   row, like -1; anything else is an index error against [0, N).
 #pragma once
 
 #include <cmath>
@@ -59,6 +68,8 @@ struct TopkParams {
 struct SortParams {
   const int32_t* ids;  // [n]
   int64_t n, experts;
+  int64_t first_expert;   // expert parallelism: the global id of local expert 0 (0 without it)
+  int64_t total_experts;  // the global expert count, >= first_expert + experts
   int64_t block_size;     // align outputs: > 0; 0 when they are not asked for
   int32_t* offs;          // [experts] or null
   int32_t* src_idx;       // [n] or null
@@ -117,6 +128,50 @@ struct DequantParams {
   int scale_mode;
   int64_t scale_rows, scale_cols;
 };
+// The activations of expert_act (values: kiln.moe's table maps FlashInfer's ActivationType onto
+// them). Parameters p0, p1, p2 per expert (their defaults where none is given):
+//   kSwiglu      gated  g = min(g, p2), u = clamp(u, -p2, p2); g sigmoid(p0 g) (u + p1)
+//                       (alpha p0 = 1, beta p1 = 0, limit p2 = inf: silu(g) u; SwiGLU with bias)
+//   kSwigluStep  gated  min(silu(g), p2) clamp(u, -p2, p2)                      (limit p2 = 7)
+//   kGeglu       gated  gelu(g) u (exact, erf)
+//   kGegluTanh   gated  gelu_tanh(g) u
+//   kSitu        gated  g, u clamped by p2 as kSwiglu's; p0 tanh(g / p0) sigmoid(g) p1 tanh(u / p1)
+//                       (beta p0 = 4, linear_beta p1 = 25)
+//   kGelu, kRelu, kSilu, kRelu2 (relu(x)^2), kIdentity: plain
+//   kClampedRelu2 plain (p2 tanh(relu(x) / p2))^2
+enum class ExpertAct : int {
+  kSwiglu = 0,
+  kSwigluStep = 1,
+  kGeglu = 2,
+  kGegluTanh = 3,
+  kSitu = 4,
+  kGelu = 5,
+  kRelu = 6,
+  kSilu = 7,
+  kRelu2 = 8,
+  kIdentity = 9,
+  kClampedRelu2 = 10,
+};
+inline constexpr int kNumExpertActs = 11;
+inline constexpr int kExpertActParams = 3;
+
+KILN_HOST_DEVICE constexpr bool is_gated(ExpertAct a) {
+  return static_cast<int>(a) <= static_cast<int>(ExpertAct::kSitu);
+}
+
+struct ExpertActParams {
+  void* out;            // [rows, cols] row stride out_stride (disjoint from in)
+  const void* in;       // [rows, >= gate_col0 + cols (and up_col0 + cols)] row stride in_stride
+  const int32_t* offs;  // [experts] cumulative row ends
+  const void* bias;     // [experts, bias_cols] (module dtype) row stride bias_stride, or null
+  // p0..p2: float32, one per expert (stride 1) or one for all (stride 0); null: the default.
+  const float* param[kExpertActParams];
+  int64_t param_stride[kExpertActParams];
+  float param_default[kExpertActParams];
+  int64_t rows, experts, cols, in_stride, out_stride, bias_stride, gate_col0, up_col0;
+  ExpertAct act;
+};
+
 // Rows of one expert that one pass of the CUDA-core small-batch kernel (float32, or operands the
 // tensor-core kernel cannot take) keeps in registers; more rows take more passes over the same
 // weights.
@@ -137,6 +192,64 @@ KILN_HOST_DEVICE float sigmoid(float x) {
   return 1.0f / (1.0f + expf(-x));
 }
 
+KILN_HOST_DEVICE float silu(float x) {
+  return x / (1.0f + expf(-x));
+}
+
+KILN_HOST_DEVICE float clamp_abs(float x, float limit) {
+  return fminf(fmaxf(x, -limit), limit);
+}
+
+// One definition of every expert_act activation for both backends (g: the gate or the plain
+// input, u: the up projection; p0..p2 as the table above).
+KILN_HOST_DEVICE float apply_expert_act(ExpertAct a, float g, float u, float p0, float p1, float p2) {
+  switch (a) {
+    case ExpertAct::kSwiglu:
+      g = fminf(g, p2);
+      return g * sigmoid(p0 * g) * (clamp_abs(u, p2) + p1);
+    case ExpertAct::kSwigluStep:
+      return fminf(silu(g), p2) * clamp_abs(u, p2);
+    case ExpertAct::kGeglu:
+      return activation::apply<activation::Act::kGelu>(g) * u;
+    case ExpertAct::kGegluTanh:
+      return activation::apply<activation::Act::kGeluTanh>(g) * u;
+    case ExpertAct::kSitu:
+      g = fminf(g, p2);
+      return p0 * tanhf(g / p0) * sigmoid(g) * (p1 * tanhf(clamp_abs(u, p2) / p1));
+    case ExpertAct::kGelu:
+      return activation::apply<activation::Act::kGelu>(g);
+    case ExpertAct::kRelu:
+      return fmaxf(g, 0.0f);
+    case ExpertAct::kSilu:
+      return silu(g);
+    case ExpertAct::kRelu2: {
+      const float r = fmaxf(g, 0.0f);
+      return r * r;
+    }
+    case ExpertAct::kClampedRelu2: {
+      const float r = p2 * tanhf(fmaxf(g, 0.0f) / p2);
+      return r * r;
+    }
+    default:  // kIdentity (the binding admits no other value)
+      return g;
+  }
+}
+
+// The expert of row r: the first e with offs[e] > r, or `experts` when r lies past every expert's
+// rows (a binary search: offs is non-decreasing; any other offs still yields a value in [0, E]).
+KILN_HOST_DEVICE int64_t expert_of_row(const int32_t* offs, int64_t experts, int64_t r) {
+  int64_t lo = 0, hi = experts;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (offs[mid] > r) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
 // Implemented once per backend (topk and gather/unpermute for the module's dtype).
 Status topk(const TopkParams& p, LaunchContext ctx);
 Status sort(const SortParams& p, LaunchContext ctx);
@@ -144,5 +257,6 @@ Status gather(const GatherParams& p, LaunchContext ctx);
 Status unpermute(const UnpermuteParams& p, LaunchContext ctx);
 Status experts(const ExpertsParams& p, LaunchContext ctx);
 Status dequant(const DequantParams& p, LaunchContext ctx);
+Status expert_act(const ExpertActParams& p, LaunchContext ctx);
 
 }  // namespace kiln::moe

@@ -24,5 +24,8 @@ Status experts(const ExpertsParams& p, LaunchContext ctx) {
 Status dequant(const DequantParams& p, LaunchContext ctx) {
   return launch_dequant<spec::dtype>(p, ctx);
 }
+Status expert_act(const ExpertActParams& p, LaunchContext ctx) {
+  return launch_expert_act<spec::dtype>(p, ctx);
+}
 
 }  // namespace kiln::moe

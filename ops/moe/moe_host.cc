@@ -82,13 +82,19 @@ Status topk(const TopkParams& p, LaunchContext) {
 
 Status sort(const SortParams& p, LaunchContext) {
   const int64_t E = p.experts, bs = p.block_size;
+  // The local expert of each id (expert parallelism: ids of other ranks' experts give no row).
+  std::vector<int32_t> local(p.n);
   for (int64_t i = 0; i < p.n; ++i) {
     const int32_t e = p.ids[i];
-    if (e < -1 || e >= E) return Status::IndexError(index_error(ErrorCode::kExpertId, i, e, E));
+    if (e < -1 || e >= p.total_experts) {
+      return Status::IndexError(index_error(ErrorCode::kExpertId, i, e, p.total_experts));
+    }
+    const int64_t l = int64_t(e) - p.first_expert;
+    local[i] = e >= 0 && l >= 0 && l < E ? static_cast<int32_t>(l) : -1;
   }
   std::vector<int64_t> count(E, 0), start(E), pstart(E);
   for (int64_t i = 0; i < p.n; ++i) {
-    if (p.ids[i] >= 0) ++count[p.ids[i]];
+    if (local[i] >= 0) ++count[local[i]];
   }
   int64_t row = 0, slot = 0;
   for (int64_t e = 0; e < E; ++e) {
@@ -112,7 +118,7 @@ Status sort(const SortParams& p, LaunchContext) {
   if (p.src_idx != nullptr) std::fill(p.src_idx + row, p.src_idx + p.n, -1);
   std::vector<int64_t> within(E, 0);
   for (int64_t i = 0; i < p.n; ++i) {
-    const int32_t e = p.ids[i];
+    const int32_t e = local[i];
     if (e < 0) continue;
     const int64_t w = within[e]++;
     if (p.src_idx != nullptr) p.src_idx[start[e] + w] = static_cast<int32_t>(i);
@@ -222,6 +228,39 @@ Status dequant(const DequantParams& p, LaunchContext) {
         const int64_t at = (e * p.rows + r) * p.cols + c;
         out[at] = C::from_float(s * Convert<e4m3_t>::to_float(w[at]));
       }
+    }
+  }
+  return Status::Ok();
+}
+
+Status expert_act(const ExpertActParams& p, LaunchContext) {
+  for (int64_t e = 0, prev = 0; e < p.experts; ++e) {
+    const int64_t end = p.offs[e];
+    if (end > p.rows) return Status::IndexError(index_error(ErrorCode::kSegmentEnd, e, end, p.rows));
+    if (prev > end) return Status::IndexError(index_error(ErrorCode::kSegmentStart, e, prev, end));
+    prev = end;
+  }
+  const bool gated = is_gated(p.act);
+  std::vector<float> g(p.cols), u(p.cols);
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const int64_t e = expert_of_row(p.offs, p.experts, r);
+    T* out = static_cast<T*>(p.out) + r * p.out_stride;
+    if (e >= p.experts) {
+      std::fill(out, out + p.cols, C::from_float(0.f));
+      continue;
+    }
+    float q[kExpertActParams];
+    for (int i = 0; i < kExpertActParams; ++i) {
+      q[i] = p.param[i] != nullptr ? p.param[i][e * p.param_stride[i]] : p.param_default[i];
+    }
+    const T* in = static_cast<const T*>(p.in) + r * p.in_stride;
+    const T* bias = p.bias != nullptr ? static_cast<const T*>(p.bias) + e * p.bias_stride : nullptr;
+    for (int64_t c = 0; c < p.cols; ++c) {
+      g[c] = C::to_float(in[p.gate_col0 + c]) + (bias != nullptr ? C::to_float(bias[p.gate_col0 + c]) : 0.f);
+      if (gated) u[c] = C::to_float(in[p.up_col0 + c]) + (bias != nullptr ? C::to_float(bias[p.up_col0 + c]) : 0.f);
+    }
+    for (int64_t c = 0; c < p.cols; ++c) {
+      out[c] = C::from_float(apply_expert_act(p.act, g[c], gated ? u[c] : 0.f, q[0], q[1], q[2]));
     }
   }
   return Status::Ok();

@@ -35,7 +35,7 @@ _API = {
     "cascade": ("merge_state", "merge_state_in_place", "merge_states", "MultiLevelCascadeAttentionWrapper"),
     "page": ("append_paged_kv_cache", "get_batch_indices_positions"),
     "moe": ("moe_topk", "moe_align_block_size", "moe_permute", "moe_unpermute", "fused_moe",
-            "cutlass_fused_moe"),
+            "cutlass_fused_moe", "cutlass_fused_moe_workspace_size", "ActivationType"),
     "gemm": ("mm_bf16", "bmm_bf16", "bmm_fp8", "gemm_fp8_nt_groupwise", "SegmentGEMMWrapper", "grouped_mm",
              "group_gemm_fp8_nt_groupwise"),
     "comm": ("CustomAllReduce", "fused_allreduce_add_rmsnorm"),
@@ -47,9 +47,10 @@ _API = {
 # the traced decode, prefill and merge APIs, level by level (benchmarks/cascade.py times it).
 # CustomAllReduce is a communicator (a group's buffers), not a plan/run wrapper: its all_reduce
 # is tested across processes (tests/ops/comm) and the traced op of //ops:comm is
-# fused_allreduce_add_rmsnorm.
+# fused_allreduce_add_rmsnorm. cutlass_fused_moe_workspace_size (a byte count) and ActivationType
+# (an enum) are cutlass_fused_moe's companions.
 _TOOLS = frozenset({"check_errors", "DeviceIndexError", "autotune", "MultiLevelCascadeAttentionWrapper",
-                    "CustomAllReduce"})
+                    "CustomAllReduce", "cutlass_fused_moe_workspace_size", "ActivationType"})
 _OWNER = {name: module for module, names in _API.items() for name in names}
 # Submodules that are part of the API as modules.
 _SUBMODULES = ("utils",)

@@ -355,6 +355,40 @@ def act_float(x, activation):
     return torch.nn.functional.gelu(x, approximate="tanh")
 
 
+def expert_act_float(kind, g, u=None, p0=1.0, p1=0.0, p2=math.inf):
+    """cutlass_fused_moe's activations (ops/moe/moe.h's expert_act table), float32: g the gate (or
+    the plain activation's input), u the up projection; p0..p2 the activation's parameters (floats,
+    or tensors that broadcast against g)."""
+    g = g.float()
+    u = None if u is None else u.float()
+    silu = torch.nn.functional.silu
+    if kind == "swiglu":  # SwiGLU with bias: alpha p0, beta p1, limit p2
+        g = torch.minimum(g, torch.as_tensor(p2, dtype=torch.float32, device=g.device))
+        lim = torch.as_tensor(p2, dtype=torch.float32, device=g.device)
+        return g * torch.sigmoid(p0 * g) * (torch.maximum(torch.minimum(u, lim), -lim) + p1)
+    if kind == "swiglu_step":
+        lim = torch.as_tensor(p2, dtype=torch.float32, device=g.device)
+        return torch.minimum(silu(g), lim) * torch.maximum(torch.minimum(u, lim), -lim)
+    if kind == "geglu":
+        return torch.nn.functional.gelu(g) * u
+    if kind == "geglu_tanh":
+        return torch.nn.functional.gelu(g, approximate="tanh") * u
+    if kind == "situ":  # beta p0, linear beta p1, limit p2
+        lim = torch.as_tensor(p2, dtype=torch.float32, device=g.device)
+        g = torch.minimum(g, lim)
+        u = torch.maximum(torch.minimum(u, lim), -lim)
+        return p0 * torch.tanh(g / p0) * torch.sigmoid(g) * (p1 * torch.tanh(u / p1))
+    plain = {
+        "gelu": torch.nn.functional.gelu,
+        "relu": torch.relu,
+        "silu": silu,
+        "relu2": lambda x: torch.relu(x) ** 2,
+        "identity": lambda x: x,
+        "clamped_relu2": lambda x: (p2 * torch.tanh(torch.relu(x) / p2)) ** 2,
+    }
+    return plain[kind](g)
+
+
 def dequantize(w, scale):
     """fp8 weights [E, R, C] times per-expert [E] or 128 x 128 block [E, ceil(R/128), ceil(C/128)]
     scales, in float32 (None: w as float32)."""
@@ -521,7 +555,36 @@ CUTLASS_FUSED_MOE = TraceTemplate(
     outputs={"out": Tensor(("tokens", "hidden"))},
     options={
         "quant_scales": "fp8 weights only",
+        "fc1_expert_biases": "the workloads' models have none",
+        "fc2_expert_biases": "the workloads' models have none",
+        "input_sf": "fp4 / mxfp8 input scales: not supported",
+        "swiglu_alpha": "SwiGLU-with-bias parameters: the workloads' models use plain SwiGLU",
+        "swiglu_beta": "as swiglu_alpha",
+        "swiglu_limit": "as swiglu_alpha",
+        "tp_size": "tensor parallelism: the weights are the rank's slice, the workload the same layer",
+        "tp_rank": "as tp_size",
+        "ep_size": "expert parallelism: the workloads hold every expert (ep_size 1)",
+        "ep_rank": "as ep_size",
+        "cluster_size": "1 only",
+        "cluster_rank": "0 only",
         "output": "a new tensor",
+        "enable_alltoall": "False only (no communication)",
+        "use_deepseek_fp8_block_scale": "fp8 weights only",
+        "use_w4_group_scaling": "w4 formats: not supported",
+        "use_mxfp8_act_scaling": "mxfp8: not supported",
+        "min_latency_mode": "False only",
+        "use_packed_weights": "packed int4/fp4 weights: not supported",
+        "use_wfp4afp8_humming": "mxfp4 humming: not supported",
+        "tune_max_num_tokens": "a tuning hint, no effect on the result",
+        "enable_pdl": "launch attribute, not the workload",
+        "activation_type": "Swiglu (the workloads' models)",
+        "swizzled_input_sf": "describes input_sf only",
+        "use_fused_finalize": "a performance hint, the same result",
+        "profile_ids": "FlashInfer's tactic indices, not the workload",
+        "workspace_buffer": "where scratch lives, not the workload",
+        "clamped_relu2_limit": "ClampedRelu2 only",
+        "situ_beta": "Situ only",
+        "situ_linear_beta": "Situ only",
         "backend": "which GEMMs run (auto: the CUDA ones; triton), not the workload",
     },
     make_inputs=_layer_inputs(

@@ -392,7 +392,7 @@ def test_small_batch_and_grouped_paths_both_match(device, up_first, monkeypatch)
 
     def layer():
         if up_first:
-            return kiln.cutlass_fused_moe(x, ids, w, fc1, w2, torch.bfloat16)
+            return kiln.cutlass_fused_moe(x, ids, w, fc1, w2, torch.bfloat16)[0]
         return kiln.fused_moe(x, w13, w2, w, ids)
 
     check_layer(layer(), ref, torch.bfloat16)
@@ -432,13 +432,15 @@ def test_cutlass_fused_moe_takes_up_rows_first(device):
     e, k, h, i = 8, 2, 64, 48
     x, w13, w2, w, ids = layer_case(e, k, h, i, 19, torch.bfloat16, device, 11)
     fc1 = torch.cat([w13[:, i:], w13[:, :i]], dim=1)  # FlashInfer's w31: up, then gate
-    out = kiln.cutlass_fused_moe(x, ids, w, fc1, w2, torch.bfloat16)
+    out = kiln.cutlass_fused_moe(x, ids, w, fc1, w2, torch.bfloat16)[0]
     check_layer(out, per_token_reference(x, fc1, w2, w, ids, up_first=True), torch.bfloat16)
     torch.testing.assert_close(out, kiln.fused_moe(x, w13, w2, w, ids), rtol=0, atol=0)
     with pytest.raises(TypeError, match="output_dtype must be the input's dtype"):
         kiln.cutlass_fused_moe(x, ids, w, fc1, w2, torch.float16)
-    with pytest.raises(ValueError, match=r"quant_scales must be \(fc1_scale, fc2_scale\)"):
+    with pytest.raises(ValueError, match=r"per-tensor fp8 quant_scales need the input quantised to float8"):
         kiln.cutlass_fused_moe(x, ids, w, fc1, w2, torch.bfloat16, quant_scales=[torch.ones(1)] * 4)
+    with pytest.raises(ValueError, match=r"quant_scales must be None or \[\] \(16-bit weights\)"):
+        kiln.cutlass_fused_moe(x, ids, w, fc1, w2, torch.bfloat16, quant_scales=[torch.ones(1)] * 3)
 
 
 def fp8_weights(w, per_block, g):
@@ -481,7 +483,7 @@ def test_fused_moe_fp8_weights_against_the_dequantised_reference(device, per_blo
             *(v.to(device) for v in (x, ids, w, fc1, q2)),
             torch.bfloat16,
             quant_scales=(s13.to(device), s2.to(device)),
-        )
+        )[0]
         check_layer(out2, ref, torch.bfloat16)
 
 
@@ -525,7 +527,7 @@ def test_fused_moe_fp8_grouped_gemm_quantises_the_activations(device, per_block,
         *(v.to(device) for v in (x, ids, w, fc1, q2)),
         torch.bfloat16,
         quant_scales=(sc1.to(device), s2.to(device)),
-    )
+    )[0]
     torch.testing.assert_close(out2, out, rtol=0, atol=0)  # the same GEMMs, the halves swapped
     monkeypatch.setattr(kiln.moe, "FP8_GROUPED_GEMM", False)
     mod.reset_launch_counts()

@@ -10,6 +10,7 @@ weights, torch.compile(fullgraph=True) and a CUDA-graph replay with new routing.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 
 import pytest
 import torch
@@ -58,7 +59,7 @@ def up_first(w13):
 
 def layer(which, x, w13, w2, w, ids, backend, **kw):
     if which == "cutlass_fused_moe":
-        return kiln.cutlass_fused_moe(x, ids, w, up_first(w13), w2, x.dtype, backend=backend, **kw)
+        return kiln.cutlass_fused_moe(x, ids, w, up_first(w13), w2, x.dtype, backend=backend, **kw)[0]
     return kiln.fused_moe(x, w13, w2, w, ids, backend=backend, **kw)
 
 
@@ -139,7 +140,8 @@ def test_triton_backend_on_cpu_with_fp8_weights_and_float16():
 def test_an_unknown_backend_is_refused_with_the_valid_values(which, bad, calls):
     x, w13, w2, w, ids = case(4, 2, 16, 8, 3, "cpu", 1)
     api = f"kiln.{which}"
-    with pytest.raises(ValueError, match=rf"{api}: backend must be one of auto, cuda, triton, got {bad!r}"):
+    valid = "cutlass, auto, cuda, triton" if which == "cutlass_fused_moe" else "auto, cuda, triton"
+    with pytest.raises(ValueError, match=rf"{api}: backend must be one of {valid}, got {bad!r}"):
         layer(which, x, w13, w2, w, ids, bad)
     assert calls == []  # refused before anything ran
 
@@ -148,8 +150,9 @@ def test_backend_is_keyword_only():
     x, w13, w2, w, ids = case(4, 2, 16, 8, 3, "cpu", 2)
     with pytest.raises(TypeError):
         kiln.fused_moe(x, w13, w2, w, ids, "silu", None, None, None, "triton")
-    with pytest.raises(TypeError):
-        kiln.cutlass_fused_moe(x, ids, w, up_first(w13), w2, BF16, None, None, "triton")
+    # cutlass_fused_moe: FlashInfer's 36 positional parameters, then keyword-only ones (backend too)
+    backend = inspect.signature(kiln.cutlass_fused_moe).parameters["backend"]
+    assert backend.kind == inspect.Parameter.KEYWORD_ONLY
 
 
 @pytest.mark.parametrize(("backend", "gemm"), [("triton", "grouped_gemm_triton"), ("cuda", "moe_experts")])
