@@ -1,7 +1,7 @@
 """kiln's RoPE APIs against a float64 reference, on the host backend always and on CUDA where a
 device is present: every API and its _inplace variant, NeoX and interleaved styles, partial rotary
 (the dims past rotary_dim bit for bit), q and k with different head counts, strided views of a
-fused qkv tensor, indptr/offsets, pos_ids (int32/int64), Llama 3.1 scaling, the cos/sin cache,
+fused qkv tensor, indptr/offsets and pos_ids (int32/int64 each), Llama 3.1 scaling, the cos/sin cache,
 bad inputs and index errors, a property test, torch.compile and CUDA graphs."""
 
 from __future__ import annotations
