@@ -3,7 +3,8 @@ writes it: vLLM's native rotary embedding, gather cos/sin, rotate, cast back) an
 importable; CUDA only). The in-place routines return the rotated q and k.
 
 Bytes per call: q and k read and written; the cos/sin-cache routines add the positions and the
-cache rows they read (not the whole cache).
+cache rows they read (not the whole cache). rope_quantize_fp8 / mla_rope_quantize_fp8: every part
+read once, one byte per element written, positions and cache rows.
 """
 
 from __future__ import annotations
@@ -182,6 +183,61 @@ def _cache_routine(name, in_place):
     )
 
 
+QUANT_KEYS = ("q_rope", "k_rope", "q_nope", "k_nope", "cos_sin_cache", "pos_ids")
+
+
+def quant_api_setup(name, module=None):
+    """kiln's rope_quantize_fp8 / mla_rope_quantize_fp8, or FlashInfer's (flashinfer.rope)."""
+
+    def setup(inp, ctx):
+        fn = getattr(module().rope if module else kiln, name)
+        args = tuple(inp[n] for n in QUANT_KEYS)
+        kw = {n: inp[n] for n in ("is_neox", "quant_scale_q", "quant_scale_kv")}
+        return lambda: fn(*args, **kw)
+
+    return setup
+
+
+def torch_quant_setup(inp, ctx):
+    """Gather cos/sin, rotate in float32, scale, cast to float8_e4m3fn (clamped: torch's cast
+    overflows to NaN), as an eager model writes it."""
+    q_rope, k_rope, q_nope, k_nope, cache, pos = (inp[n] for n in QUANT_KEYS)
+    interleave, sq, sk = not inp["is_neox"], inp["quant_scale_q"], inp["quant_scale_kv"]
+    half = cache.shape[-1] // 2
+
+    def fp8(x, scale):
+        return (x.float() * scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+
+    def run():
+        rows = cache[pos]
+        cos, sin = rows[:, :half], rows[:, half:]
+        k3 = k_rope if k_rope.dim() == 3 else k_rope[:, None, :]
+        qr = torch_rotate(q_rope.float(), cos, sin, interleave)
+        kr = torch_rotate(k3.float(), cos, sin, interleave).reshape(k_rope.shape)
+        return fp8(qr, sq), fp8(kr, sk), fp8(q_nope, sq), fp8(k_nope, sk)
+
+    return run
+
+
+def quant_bytes(axes, dtype):
+    elem = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    per_token = (axes["num_q_heads"] + axes.get("num_kv_heads", 1)) * (axes["rope_dim"] + axes["no_rope_dim"])
+    return axes["tokens"] * (per_token * (elem + 1) + 8 + axes["rope_dim"] * 4)
+
+
+def _quant_routine(name):
+    return Routine(
+        api=getattr(kiln, name),
+        backends=(
+            Backend("kiln", quant_api_setup(name), version=kiln_version),
+            Backend("torch", torch_quant_setup, version=torch_version),
+            Backend("flashinfer", quant_api_setup(name, module=_fi), available=flashinfer_available,
+                    version=flashinfer_version),
+        ),
+        bytes_per_call=quant_bytes,
+    )
+
+
 ROUTINES = (
     _routine("apply_rope", False, False),
     _routine("apply_rope_inplace", True, False),
@@ -193,4 +249,6 @@ ROUTINES = (
     _routine("apply_llama31_rope_pos_ids_inplace", True, True),
     _cache_routine("apply_rope_with_cos_sin_cache", False),
     _cache_routine("apply_rope_with_cos_sin_cache_inplace", True),
+    _quant_routine("rope_quantize_fp8"),
+    _quant_routine("mla_rope_quantize_fp8"),
 )

@@ -11,3 +11,16 @@ op_library(
     archs=["sm80", "sm90", "sm100", "sm120"],
     release="all",
 )
+
+# //ops/quantization:packbits -- numpy.packbits of boolean arrays, whole or per segment (FlashInfer's
+# flashinfer.quantization.packbits / segment_packbits, which pack attention custom masks). No
+# dispatch axis: the input is always bool, the output uint8.
+op_library(
+    name="packbits",
+    doc="bit packing of boolean arrays (numpy.packbits, big or little bit order): packbits, segment_packbits",
+    srcs=["packbits_cuda.cu"],
+    host_srcs=["packbits_host.cc"],
+    binding="bindings/packbits.cc",
+    archs=["sm80", "sm90", "sm100", "sm120"],
+    release="all",
+)

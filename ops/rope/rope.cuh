@@ -42,8 +42,8 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p) {
   for (int64_t t = blockIdx.x; t < p.nnz; t += gridDim.x) {
     int64_t pos = 0;
     // Every thread reads the same indices, so the branch is uniform across the block.
-    if (!token_position(p, t, &pos)) continue;
-    for (int64_t i = threadIdx.x; i < half; i += kThreads) cos_sin(p, pos, i, &cos_s[i], &sin_s[i]);
+    if (!token_position(p.at, t, p.nnz, p.errors, &pos)) continue;
+    for (int64_t i = threadIdx.x; i < half; i += kThreads) cos_sin(p.at, p.rotary_dim, pos, i, &cos_s[i], &sin_s[i]);
     __syncthreads();
     for (int64_t idx = threadIdx.x; idx < work; idx += kThreads) {
       const int64_t row = idx / per_row, u = idx % per_row;

@@ -1,5 +1,5 @@
-// Rotary positional embedding (RoPE): the parameters, the per-token position and the frequencies,
-// shared by the CUDA and the host backends.
+// Rotary positional embedding (RoPE), and RoPE fused with fp8 quantisation (rope_quantize): the
+// parameters, the per-token position and the frequencies, shared by the CUDA and the host backends.
 //
 // For token t at position pos and rotary pair i (0 <= i < rotary_dim / 2), with (cos, sin) of the
 // angle pos * freq(i) (or read from a cos/sin cache row):
@@ -13,8 +13,9 @@
 //
 // Layout: q [nnz, q_heads, head_dim] and k [nnz, k_heads, head_dim], each contiguous in its last
 // dimension with free token and head strides (element units, int64); outputs likewise (in place:
-// the inputs themselves). Arithmetic in float32, each output rounded once. The element type is the
-// module's specialisation (kiln::spec::dtype). Framework free.
+// the inputs themselves). indptr, offsets and positions are int32 or int64. Arithmetic in float32,
+// each output rounded once. The element type is the module's specialisation (kiln::spec::dtype).
+// Framework free.
 #pragma once
 
 #include <cmath>
@@ -36,6 +37,20 @@ enum class PosMode : int {
 // The largest rotary_dim: its cos and sin (rotary_dim floats) are staged in shared memory.
 inline constexpr int64_t kMaxRotaryDim = 8192;
 
+// Each token's position and its angles: shared by apply_rope's and rope_quantize's kernels.
+struct Positions {
+  PosMode mode;
+  const void* indptr;   // kIndptr: [batch + 1], int32 or int64 (indptr64)
+  const void* offsets;  // kIndptr: [batch], int32 or int64 (offsets64)
+  bool indptr64, offsets64;
+  int64_t batch;
+  const void* pos;  // kPosIds / kCosSin: [nnz], int32 or int64
+  bool pos64;
+  const float* cos_sin;  // kCosSin
+  int64_t max_pos, cos_sin_stride;
+  float rope_theta, rope_rcp_scale, smooth_a, smooth_b;
+};
+
 struct RopeParams {
   void* q_out;
   void* k_out;
@@ -46,60 +61,84 @@ struct RopeParams {
   int64_t qo_stride_n, qo_stride_h, ko_stride_n, ko_stride_h;
   bool interleave;
   bool copy_tail;  // outputs are separate tensors: copy the dims past rotary_dim
-  PosMode mode;
-  const int32_t* indptr;   // kIndptr: [batch + 1]
-  const int32_t* offsets;  // kIndptr: [batch]
-  int64_t batch;
-  const void* pos;  // kPosIds / kCosSin: [nnz], int32 or int64
-  bool pos64;
-  const float* cos_sin;  // kCosSin
-  int64_t max_pos, cos_sin_stride;
-  float rope_theta, rope_rcp_scale, smooth_a, smooth_b;
+  Positions at;
   int64_t* errors;  // the device's index-error record (null on the host)
 };
 
+// rope_quantize (FlashInfer's rope_quantize_fp8): q and k each come as a rotary part (rope_dim,
+// rotated by cos_sin_cache rows) and the rest (nope_dim, not rotated); both are multiplied by the
+// scale (quant_scale_q for q, quant_scale_kv for k) in float32 and rounded once to fp8 (nearest
+// even, saturated at the format's largest finite value: 448 E4M3, 57344 E5M2).
+// Tensors: in[0..3] = q_rope [nnz, q_heads, rope_dim], k_rope [nnz, k_heads, rope_dim] (MLA: one
+// head, its head stride unused), q_nope [nnz, q_heads, nope_dim], k_nope [nnz, k_heads, nope_dim];
+// out[i] is in[i]'s fp8 output, of its shape. Token and head strides (elements): stride_n[i],
+// stride_h[i] of in[i], stride_n[4 + i], stride_h[4 + i] of out[i]. Last dims contiguous.
+inline constexpr int kQRope = 0, kKRope = 1, kQNope = 2, kKNope = 3;
+
+struct RopeQuantParams {
+  const void* in[4];  // the module's dtype
+  void* out[4];       // fp8 bytes
+  int64_t stride_n[8], stride_h[8];
+  int64_t nnz, q_heads, k_heads, rope_dim, nope_dim;
+  bool interleave;
+  bool e5m2;  // the outputs are float8_e5m2 (else float8_e4m3fn)
+  float scale_q, scale_kv;
+  Positions at;  // mode kCosSin
+  int64_t* errors;
+};
+
+template <typename I>
+KILN_HOST_DEVICE int64_t index_at(const void* p, int64_t i) {
+  return static_cast<int64_t>(static_cast<const I*>(p)[i]);
+}
+
+KILN_HOST_DEVICE int64_t load_index(const void* p, bool is64, int64_t i) {
+  return is64 ? index_at<int64_t>(p, i) : index_at<int32_t>(p, i);
+}
+
 // Token t's position; false (and the error recorded) when it has none: a token outside every
 // request of indptr, or a cache position outside [0, max_pos).
-KILN_HOST_DEVICE bool token_position(const RopeParams& p, int64_t t, int64_t* pos) {
+KILN_HOST_DEVICE bool token_position(const Positions& p, int64_t t, int64_t nnz, int64_t* errors, int64_t* pos) {
   if (p.mode == PosMode::kIndptr) {
-    if (p.batch <= 0 || t < p.indptr[0] || t >= p.indptr[p.batch]) {
-      record_error(p.errors, ErrorCode::kRopeIndptr, t, p.batch > 0 ? p.indptr[p.batch] : 0, p.nnz);
+    const int64_t end = p.batch > 0 ? load_index(p.indptr, p.indptr64, p.batch) : 0;
+    if (p.batch <= 0 || t < load_index(p.indptr, p.indptr64, 0) || t >= end) {
+      record_error(errors, ErrorCode::kRopeIndptr, t, end, nnz);
       return false;
     }
     int64_t lo = 0, hi = p.batch - 1;  // the last b with indptr[b] <= t
     while (lo < hi) {
       const int64_t mid = (lo + hi + 1) / 2;
-      if (p.indptr[mid] <= t) {
+      if (load_index(p.indptr, p.indptr64, mid) <= t) {
         lo = mid;
       } else {
         hi = mid - 1;
       }
     }
-    if (t >= p.indptr[lo + 1]) {  // indptr decreases somewhere: the search found no request
-      record_error(p.errors, ErrorCode::kRopeIndptr, t, p.indptr[p.batch], p.nnz);
+    if (t >= load_index(p.indptr, p.indptr64, lo + 1)) {  // indptr decreases somewhere: no request
+      record_error(errors, ErrorCode::kRopeIndptr, t, end, nnz);
       return false;
     }
-    *pos = int64_t(p.offsets[lo]) + t - p.indptr[lo];
+    *pos = load_index(p.offsets, p.offsets64, lo) + t - load_index(p.indptr, p.indptr64, lo);
     return true;
   }
-  const int64_t v = p.pos64 ? static_cast<const int64_t*>(p.pos)[t] : static_cast<const int32_t*>(p.pos)[t];
+  const int64_t v = load_index(p.pos, p.pos64, t);
   if (p.mode == PosMode::kCosSin && (v < 0 || v >= p.max_pos)) {
-    record_error(p.errors, ErrorCode::kCosSinRow, t, v, p.max_pos);
+    record_error(errors, ErrorCode::kCosSinRow, t, v, p.max_pos);
     return false;
   }
   *pos = v;
   return true;
 }
 
-// The cos and sin of rotary pair i of a token at `pos`.
-KILN_HOST_DEVICE void cos_sin(const RopeParams& p, int64_t pos, int64_t i, float* c, float* s) {
+// The cos and sin of rotary pair i (of rotary_dim / 2) of a token at `pos`.
+KILN_HOST_DEVICE void cos_sin(const Positions& p, int64_t rotary_dim, int64_t pos, int64_t i, float* c, float* s) {
   if (p.mode == PosMode::kCosSin) {
     const float* row = p.cos_sin + pos * p.cos_sin_stride;
     *c = row[i];
-    *s = row[p.rotary_dim / 2 + i];
+    *s = row[rotary_dim / 2 + i];
     return;
   }
-  const float f = powf(p.rope_theta, -2.0f * static_cast<float>(i) / static_cast<float>(p.rotary_dim));
+  const float f = powf(p.rope_theta, -2.0f * static_cast<float>(i) / static_cast<float>(rotary_dim));
   const float smooth = fminf(1.0f, fmaxf(0.0f, f * p.smooth_a + p.smooth_b));
   const float freq = (1.0f - smooth) * f * p.rope_rcp_scale + smooth * f;
   const float angle = static_cast<float>(pos) * freq;
@@ -109,5 +148,6 @@ KILN_HOST_DEVICE void cos_sin(const RopeParams& p, int64_t pos, int64_t i, float
 
 // Implemented once per backend for the module's dtype (rope_cuda.cu, rope_host.cc).
 Status apply_rope(const RopeParams& p, LaunchContext ctx);
+Status rope_quantize(const RopeQuantParams& p, LaunchContext ctx);
 
 }  // namespace kiln::rope

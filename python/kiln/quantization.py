@@ -14,8 +14,14 @@ gemm_fp8_nt_groupwise reads); scaled_fp8_quant one per tensor, the tensor's own 
 `scale` is None. The results are bit-exact against a torch evaluation of the same formula
 (kiln.trace.quantization). NaN inputs give NaN outputs.
 
+Bit packing (FlashInfer's flashinfer.quantization, target //ops/quantization:packbits):
+
+    packbits(x, bitorder="big") -> y                                 numpy.packbits of a 1-D bool x
+    segment_packbits(x, indptr, bitorder="big") -> (y, new_indptr)   the same per segment of indptr
+
 Each function is a torch custom op (kiln::per_token_group_quant_fp8, kiln::scaled_fp8_quant_dynamic,
-kiln::scaled_fp8_quant_static) with a fake implementation; launches go to the caller's stream.
+kiln::scaled_fp8_quant_static, kiln::packbits, kiln::segment_packbits) with a fake implementation;
+launches go to the caller's stream.
 """
 
 from __future__ import annotations
@@ -124,3 +130,100 @@ def scaled_fp8_quant(x: torch.Tensor, scale: torch.Tensor | None = None) -> tupl
                             f"{type(scale).__name__}")
         _static_op(out, scale, x)
     return out, scale
+
+
+# ---- bit packing (numpy.packbits): FlashInfer's flashinfer.quantization.packbits / segment_packbits -----
+
+PACKBITS_LABEL = "//ops/quantization:packbits"
+_BITORDERS = ("big", "little")
+
+
+def _packbits_module(api: str, device: torch.device):
+    return _jit.module(PACKBITS_LABEL, device, api)
+
+
+@custom_op("packbits", mutates=("y",))
+def _packbits_op(y: torch.Tensor, x: torch.Tensor, little: bool) -> None:
+    _packbits_module("kiln.packbits", x.device).packbits(y=_jit.dl(y), x=_jit.dl(x), little=little,
+                                                          stream=_jit.stream_of(x.device))
+
+
+@custom_op("segment_packbits", mutates=("y",))
+def _segment_packbits_op(y: torch.Tensor, x: torch.Tensor, indptr: torch.Tensor, out_indptr: torch.Tensor,
+                         little: bool) -> None:
+    _packbits_module("kiln.segment_packbits", x.device).segment_packbits(
+        y=_jit.dl(y), x=_jit.dl(x), indptr=_jit.dl(indptr), out_indptr=_jit.dl(out_indptr), little=little,
+        stream=_jit.stream_of(x.device))
+
+
+def _bits(api: str, x, bitorder: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{api}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 1:
+        raise ValueError(f"{api}: x must be 1-D, got shape {list(x.shape)}")
+    if bitorder not in _BITORDERS:
+        raise ValueError(f"{api}: bitorder must be 'big' or 'little', got {bitorder!r}")
+    return x if x.dtype == torch.bool else x != 0
+
+
+@logged_api
+@traced(quant_traces.PACKBITS)
+def packbits(x: torch.Tensor, bitorder: str = "big") -> torch.Tensor:
+    """Pack a 1-D boolean array into bits, as ``numpy.packbits``.
+
+    Args:
+        x: ``[n]``, bool (any other dtype: nonzero is 1), any stride.
+        bitorder: ``"big"`` (element 8j + k at bit 7 - k of byte j, numpy's default) or ``"little"``
+            (at bit k).
+
+    Returns:
+        ``[ceil(n / 8)]`` uint8; the bits past n are 0.
+    """
+    x = _bits("kiln.packbits", x, bitorder)
+    y = torch.empty(((x.shape[0] + 7) // 8,), dtype=torch.uint8, device=x.device)
+    _packbits_op(y, x, bitorder == "little")
+    return y
+
+
+@logged_api
+@traced(quant_traces.SEGMENT_PACKBITS)
+def segment_packbits(x: torch.Tensor, indptr: torch.Tensor,
+                     bitorder: str = "big") -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`packbits` of each segment ``x[indptr[i]:indptr[i + 1]]``, the packed segments concatenated.
+
+    Args:
+        x: ``[indptr[-1]]`` (or longer) bool, as for :func:`packbits`.
+        indptr: ``[batch_size + 1]`` int32 or int64, non-decreasing, within ``[0, x.shape[0]]``.
+        bitorder: ``"big"`` or ``"little"``.
+
+    Returns:
+        ``(y, new_indptr)``: ``y[new_indptr[i]:new_indptr[i + 1]]`` holds segment i's bytes
+        (``ceil(len_i / 8)`` of them); ``new_indptr`` ``[batch_size + 1]`` int32.
+
+    The output's size depends on indptr's values: the call synchronises with the device once to
+    read it (and to check indptr), so it cannot be captured in a CUDA graph or traced by
+    torch.compile (FlashInfer's function has the same limits).
+    """
+    api = "kiln.segment_packbits"
+    x = _bits(api, x, bitorder)
+    if not isinstance(indptr, torch.Tensor):
+        raise TypeError(f"{api}: indptr must be a torch.Tensor, got {type(indptr).__name__}")
+    if indptr.dim() != 1 or indptr.shape[0] < 1:
+        raise ValueError(f"{api}: indptr must be [batch_size + 1] with at least one entry, got shape "
+                         f"{list(indptr.shape)}")
+    if indptr.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{api}: indptr.dtype must be int32 or int64, got {indptr.dtype}")
+    if indptr.device != x.device:
+        raise ValueError(f"{api}: indptr is on {indptr.device} but x is on {x.device}")
+    bounds = indptr.long()
+    lengths = bounds[1:] - bounds[:-1]
+    out_indptr = torch.zeros_like(bounds)
+    torch.cumsum((lengths + 7) // 8, 0, out=out_indptr[1:])
+    total, decreasing, first, last = torch.stack(
+        [out_indptr[-1], (lengths < 0).sum(), bounds[0], bounds[-1]]).tolist()
+    if decreasing or first < 0 or last > x.shape[0]:
+        raise ValueError(f"{api}: indptr must be non-decreasing within [0, x.shape[0] = {x.shape[0]}], got "
+                         f"indptr[0] = {first}, indptr[-1] = {last} and {decreasing} decreasing step(s)")
+    y = torch.empty((total,), dtype=torch.uint8, device=x.device)
+    _segment_packbits_op(y, x, bounds, out_indptr, bitorder == "little")
+    return y, out_indptr.to(torch.int32)

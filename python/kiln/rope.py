@@ -10,12 +10,13 @@
 
 q [nnz, num_q_heads, head_dim] and k [nnz, num_k_heads, head_dim] (different head counts allowed),
 float16/bfloat16, contiguous in the last dimension with free token and head strides (views of a
-fused qkv tensor work). Positions: token t of request b (indptr[b] <= t < indptr[b+1], int32) is at
-offsets[b] + t - indptr[b]; or pos_ids[t] (int32/int64). The rotary pair i < rotary_dim / 2 turns
-by pos * freq(i), freq(i) = 1 / (rope_scale * rope_theta ** (2i / rotary_dim)) (Llama 3.1: blended
-per frequency band); NeoX style pairs (x[i], x[i + rotary_dim/2]), interleaved (GPT-J) style
-(x[2i], x[2i+1]). Dims at and past rotary_dim are left untouched bit for bit (copied into the
-outputs of the out-of-place variants); rotary_dim > head_dim is an error.
+fused qkv tensor work). Positions: token t of request b (indptr[b] <= t < indptr[b+1]) is at
+offsets[b] + t - indptr[b]; or pos_ids[t] (indptr, offsets and pos_ids int32 or int64 each). The
+rotary pair i < rotary_dim / 2 turns by pos * freq(i), freq(i) = 1 / (rope_scale * rope_theta **
+(2i / rotary_dim)) (Llama 3.1: blended per frequency band); NeoX style pairs (x[i],
+x[i + rotary_dim/2]), interleaved (GPT-J) style (x[2i], x[2i+1]). Dims at and past rotary_dim are
+left untouched bit for bit (copied into the outputs of the out-of-place variants); rotary_dim >
+head_dim is an error.
 
 The cos/sin-cache form (vLLM's and SGLang's): query [nnz, num_heads * head_size] (or
 [nnz, num_heads, head_size]), key likewise, cos_sin_cache [max_pos, rotary_dim] float32 holding
@@ -24,8 +25,20 @@ cos in its first half and sin in its second, positions [nnz] int32/int64. A posi
 kernels skip the token and record it for kiln.check_errors() (KILN_VALIDATE_INDICES=1 checks after
 every call).
 
+RoPE fused with fp8 quantisation (FlashInfer's, for MLA, GQA and MHA):
+
+    rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox=True,
+                      quantize_dtype=None, quant_scale_q=1, quant_scale_kv=1, q_rope_out=None, ...,
+                      enable_pdl=False, backend="cuda") -> (q_rope_out, k_rope_out, q_nope_out, k_nope_out)
+    mla_rope_quantize_fp8(...)      the same, k_rope / k_nope [nnz, dim] (one latent key head)
+
+the rotary parts rotated by cos_sin_cache[pos_ids] rows, every part multiplied by its scale and
+rounded once to float8_e4m3fn / float8_e5m2 (nearest even, saturated). enable_pdl launches with
+programmatic dependent launch on sm90+ (ignored elsewhere).
+
 Each function is a torch custom op (kiln::rope_indptr, kiln::rope_pos_ids, kiln::rope_cos_sin_cache
-and their _inplace ops) with a fake implementation; launches go to the caller's current stream.
+and their _inplace ops, kiln::rope_quantize) with a fake implementation; launches go to the
+caller's current stream.
 """
 
 from __future__ import annotations
@@ -169,8 +182,8 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor, offsets: 
     Args:
         q: ``[nnz, num_q_heads, head_dim]``, float16 or bfloat16.
         k: ``[nnz, num_k_heads, head_dim]``, the dtype of ``q``.
-        indptr: ``[batch + 1]`` int32, request b holds tokens ``[indptr[b], indptr[b + 1])``.
-        offsets: ``[batch]`` int32, the position of each request's first token.
+        indptr: ``[batch + 1]`` int32 or int64, request b holds tokens ``[indptr[b], indptr[b + 1])``.
+        offsets: ``[batch]`` int32 or int64, the position of each request's first token.
         rotary_dim: dims rotated (even, <= head_dim; default head_dim); the rest are copied.
         interleave: pairs ``(x[2i], x[2i + 1])`` (GPT-J) instead of ``(x[i], x[i + rotary_dim/2])``.
         rope_scale, rope_theta: ``freq(i) = 1 / (rope_scale * rope_theta ** (2i / rotary_dim))``.
@@ -339,3 +352,145 @@ def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.
     api = "kiln.apply_rope_with_cos_sin_cache_inplace"
     q, k = _cos_sin_args(api, positions, query, key, head_size, cos_sin_cache)
     _rope_cos_sin_inplace_op(q, k, positions, cos_sin_cache, not is_neox)
+
+
+# ---- RoPE + fp8 quantisation (FlashInfer's rope_quantize_fp8, MLA / GQA / MHA) ---------------------
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+@custom_op("rope_quantize", mutates=("q_rope_out", "k_rope_out", "q_nope_out", "k_nope_out"))
+def _rope_quantize_op(q_rope_out: torch.Tensor, k_rope_out: torch.Tensor, q_nope_out: torch.Tensor,
+                      k_nope_out: torch.Tensor, q_rope: torch.Tensor, k_rope: torch.Tensor,
+                      q_nope: torch.Tensor, k_nope: torch.Tensor, cos_sin_cache: torch.Tensor,
+                      pos_ids: torch.Tensor, quant_scale_q: float, quant_scale_kv: float, interleave: bool,
+                      pdl: bool) -> None:
+    dl = _jit.dl
+    mod = _jit.module(LABEL, q_rope.device, "kiln.rope_quantize_fp8", dtype=q_rope.dtype,
+                      names={"dtype": "q_rope.dtype"})
+    # fp8 outputs travel as uint8 views: not every torch build exports fp8 through DLPack.
+    u8 = torch.uint8
+    mod.rope_quantize(q_rope_out=dl(q_rope_out.view(u8)), k_rope_out=dl(k_rope_out.view(u8)),
+                      q_nope_out=dl(q_nope_out.view(u8)), k_nope_out=dl(k_nope_out.view(u8)),
+                      q_rope=dl(q_rope), k_rope=dl(k_rope), q_nope=dl(q_nope), k_nope=dl(k_nope),
+                      cos_sin_cache=dl(cos_sin_cache), pos_ids=dl(pos_ids), quant_scale_q=quant_scale_q,
+                      quant_scale_kv=quant_scale_kv, interleave=interleave,
+                      e5m2=q_rope_out.dtype == torch.float8_e5m2, pdl=pdl,
+                      errors=errors.record_address(q_rope.device), stream=_jit.stream_of(q_rope.device))
+    errors.after_launch(q_rope.device)
+
+
+def _quantize_dtype(api: str, quantize_dtype, outs) -> torch.dtype:
+    """FlashInfer's rule: the given dtype, else the first given output's, else float8_e4m3fn; every
+    given output must then have it."""
+    given = [(n, o) for n, o in outs.items() if o is not None]
+    for name, o in given:
+        if not isinstance(o, torch.Tensor):
+            raise TypeError(f"{api}: {name} must be a torch.Tensor or None, got {type(o).__name__}")
+    dtype = quantize_dtype if quantize_dtype is not None else (given[0][1].dtype if given else FP8_DTYPES[0])
+    if dtype not in FP8_DTYPES:
+        raise TypeError(f"{api}: the quantised dtype must be torch.float8_e4m3fn or torch.float8_e5m2, "
+                        f"got {dtype}")
+    for name, o in given:
+        if o.dtype != dtype:
+            raise TypeError(f"{api}: {name}.dtype must be {dtype} (the quantised dtype), got {o.dtype}")
+    return dtype
+
+
+def _rope_quantize(api, q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox, quantize_dtype,
+                   quant_scale_q, quant_scale_kv, q_rope_out, k_rope_out, q_nope_out, k_nope_out, enable_pdl):
+    from .utils import use_pdl
+
+    _check_tensors(api, q_rope=q_rope, k_rope=k_rope, cos_sin_cache=cos_sin_cache, pos_ids=pos_ids)
+    if cos_sin_cache.dtype != torch.float32:
+        raise ValueError(f"{api}: cos_sin_cache should be float32, got {cos_sin_cache.dtype}")
+    if q_rope.dim() != 3:
+        raise ValueError(f"{api}: q_rope must be [nnz, num_qo_heads, rope_dim], got shape "
+                         f"{list(q_rope.shape)}")
+    if k_rope.dim() not in (2, 3):
+        raise ValueError(f"{api}: k_rope must be [nnz, num_kv_heads, rope_dim] or (MLA) [nnz, rope_dim], got "
+                         f"shape {list(k_rope.shape)}")
+    nnz, heads = q_rope.shape[0], q_rope.shape[1]
+    # No non-rotary part: a zero-width one (FlashInfer's convention).
+    if q_nope is None:
+        q_nope = q_rope.new_empty((nnz, heads, 0))
+    if k_nope is None:
+        k_nope = k_rope.new_empty((*k_rope.shape[:-1], 0))
+    _check_tensors(api, q_nope=q_nope, k_nope=k_nope)
+    outs = {"q_rope_out": q_rope_out, "k_rope_out": k_rope_out, "q_nope_out": q_nope_out,
+            "k_nope_out": k_nope_out}
+    dtype = _quantize_dtype(api, quantize_dtype, outs)
+    q_rope_out = torch.empty_like(q_rope, dtype=dtype) if q_rope_out is None else q_rope_out
+    k_rope_out = torch.empty_like(k_rope, dtype=dtype) if k_rope_out is None else k_rope_out
+    q_nope_out = torch.empty_like(q_nope, dtype=dtype) if q_nope_out is None else q_nope_out
+    k_nope_out = torch.empty_like(k_nope, dtype=dtype) if k_nope_out is None else k_nope_out
+    _rope_quantize_op(q_rope_out, k_rope_out, q_nope_out, k_nope_out, q_rope, k_rope, q_nope, k_nope,
+                      cos_sin_cache, pos_ids, float(quant_scale_q), float(quant_scale_kv), not is_neox,
+                      use_pdl(enable_pdl, q_rope.device))
+    return q_rope_out, k_rope_out, q_nope_out, k_nope_out
+
+
+@logged_api(mutates=("q_rope_out", "k_rope_out", "q_nope_out", "k_nope_out"))
+@traced(rope_traces.ROPE_QUANTIZE_FP8)
+def rope_quantize_fp8(q_rope: torch.Tensor, k_rope: torch.Tensor, q_nope: torch.Tensor | None,
+                      k_nope: torch.Tensor | None, cos_sin_cache: torch.Tensor, pos_ids: torch.Tensor,
+                      is_neox: bool = True, quantize_dtype: torch.dtype | None = None,
+                      quant_scale_q: float = 1.0, quant_scale_kv: float = 1.0,
+                      q_rope_out: torch.Tensor | None = None, k_rope_out: torch.Tensor | None = None,
+                      q_nope_out: torch.Tensor | None = None, k_nope_out: torch.Tensor | None = None,
+                      enable_pdl: bool = False, backend: str = "cuda") -> tuple[torch.Tensor, ...]:
+    """RoPE of pre-split q and k from a cos/sin cache, then both parts quantised to fp8 (MLA, GQA, MHA).
+
+    ``q_rope_out = fp8(rope(q_rope) * quant_scale_q)``, ``q_nope_out = fp8(q_nope * quant_scale_q)``,
+    and k's likewise with ``quant_scale_kv``: the rotation in float32 (cos/sin of token t from
+    ``cos_sin_cache[pos_ids[t]]``), the product rounded once to nearest even and saturated at the
+    format's largest finite value (448 for float8_e4m3fn, 57344 for float8_e5m2).
+
+    Args:
+        q_rope: ``[nnz, num_qo_heads, rope_dim]`` float16/bfloat16, the rotary dims of q.
+        k_rope: ``[nnz, num_kv_heads, rope_dim]``, or ``[nnz, rope_dim]`` (MLA: one latent key head).
+        q_nope: ``[nnz, num_qo_heads, no_rope_dim]`` the other dims of q, or None (no_rope_dim = 0).
+        k_nope: ``[nnz, num_kv_heads, no_rope_dim]`` (MLA ``[nnz, no_rope_dim]``), or None.
+        cos_sin_cache: ``[max_pos, rope_dim]`` float32, cos in the first half of a row, sin in the second.
+        pos_ids: ``[nnz]`` int32/int64, rows of ``cos_sin_cache`` (outside ``[0, max_pos)``: an index
+            error; the CPU backend raises before writing, CUDA skips the token and records it).
+        is_neox: NeoX pairs ``(x[i], x[i + rope_dim/2])``; False: interleaved ``(x[2i], x[2i+1])``.
+        quantize_dtype: float8_e4m3fn or float8_e5m2; None: the given outputs' dtype, else e4m3fn.
+        quant_scale_q, quant_scale_kv: the factors applied to q and k before rounding.
+        q_rope_out, k_rope_out, q_nope_out, k_nope_out: outputs to write (views of one tensor work,
+            e.g. the column bands of ``[nnz, heads, rope_dim + no_rope_dim]``); None: allocated.
+        enable_pdl: programmatic dependent launch (FlashInfer's switch, default off): on sm90+ the
+            kernel may start while the previous kernel on the stream finishes; ignored on CPU
+            tensors and older GPUs.
+        backend: ``"cuda"``, kiln's kernels (the CPU backend for CPU tensors). FlashInfer's
+            ``"cutile"`` (cuda.tile kernels) is not offered: NotImplementedError.
+
+    Returns:
+        ``(q_rope_out, k_rope_out, q_nope_out, k_nope_out)``.
+    """
+    api = "kiln.rope_quantize_fp8"
+    if backend == "cutile":
+        raise NotImplementedError(f"{api}: kiln has no cuda.tile backend (backend='cutile'); use "
+                                  "backend='cuda'")
+    if backend != "cuda":
+        raise ValueError(f"{api}: unsupported backend {backend!r}; expected 'cuda'")
+    return _rope_quantize(api, q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox,
+                          quantize_dtype, quant_scale_q, quant_scale_kv, q_rope_out, k_rope_out, q_nope_out,
+                          k_nope_out, enable_pdl)
+
+
+@logged_api(mutates=("q_rope_out", "k_rope_out", "q_nope_out", "k_nope_out"))
+@traced(rope_traces.MLA_ROPE_QUANTIZE_FP8)
+def mla_rope_quantize_fp8(q_rope: torch.Tensor, k_rope: torch.Tensor, q_nope: torch.Tensor,
+                          k_nope: torch.Tensor, cos_sin_cache: torch.Tensor, pos_ids: torch.Tensor,
+                          is_neox: bool = True, quantize_dtype: torch.dtype | None = None,
+                          quant_scale_q: float = 1.0, quant_scale_kv: float = 1.0,
+                          q_rope_out: torch.Tensor | None = None, k_rope_out: torch.Tensor | None = None,
+                          q_nope_out: torch.Tensor | None = None, k_nope_out: torch.Tensor | None = None,
+                          enable_pdl: bool = False) -> tuple[torch.Tensor, ...]:
+    """:func:`rope_quantize_fp8` in MLA's layout: ``k_rope [nnz, rope_dim]`` and ``k_nope [nnz,
+    no_rope_dim]`` (one latent key head); q ``[nnz, num_qo_heads, *]`` as there (DeepSeek-V3:
+    128 heads, rope_dim 64, no_rope_dim 512)."""
+    return _rope_quantize("kiln.mla_rope_quantize_fp8", q_rope, k_rope, q_nope, k_nope, cos_sin_cache,
+                          pos_ids, is_neox, quantize_dtype, quant_scale_q, quant_scale_kv, q_rope_out,
+                          k_rope_out, q_nope_out, k_nope_out, enable_pdl)

@@ -1,5 +1,6 @@
 """Trace templates of kiln.rope's APIs: apply_rope, apply_rope_pos_ids, apply_llama31_rope(_pos_ids),
-apply_rope_with_cos_sin_cache, and each one's _inplace variant.
+apply_rope_with_cos_sin_cache, each one's _inplace variant, and rope_quantize_fp8 /
+mla_rope_quantize_fp8 (RoPE from a cos/sin cache fused with fp8 quantisation).
 
 Axes: `tokens` (var: q/k rows), `batch_size` (var: requests of indptr), and the model's consts
 `num_q_heads`, `num_kv_heads`, `head_dim`; the cos/sin cache has `max_pos` rows. The reference
@@ -8,6 +9,11 @@ convention: freq(i) = 1 / (rope_scale * rope_theta^(2i / rotary_dim))); dims pas
 the input's own values. Tolerances: the kernel's angle pos * freq is a float32 product (an absolute
 error up to ~ulp(pos * freq), 1e-3 rad at position 8192), then one rounding of each output; atol
 covers the angle error times |x|, rtol the rounding (2^-8, 2^-11).
+
+rope_quantize_fp8's reference is the exact rotation (float64) times the scale, unrounded; the
+kernel's float32 result rounded once to E4M3 lies within half an E4M3 step of it: 2^-4 relative
+for normal values (rtol 0.063, the float32 error included), 2^-10 absolute among the subnormals
+(atol 1e-3).
 """
 
 from __future__ import annotations
@@ -402,3 +408,124 @@ APPLY_ROPE_WITH_COS_SIN_CACHE_INPLACE = _cache_template(
     True,
     apply_rope_with_cos_sin_cache_inplace_reference,
 )
+
+
+# ---- RoPE + fp8 quantisation ---------------------------------------------------------------------
+
+QUANT_TOLERANCE = {"bfloat16": (0.063, 1e-3), "float16": (0.063, 1e-3)}
+
+
+def rope_quantize_float64(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox=True,
+                          quant_scale_q=1.0, quant_scale_kv=1.0):
+    """(q_rope_out, k_rope_out, q_nope_out, k_nope_out) before the fp8 rounding, float64: the rotary
+    parts rotated by cos_sin_cache[pos_ids] rows, every part times its scale. A 2-D (MLA) k is one
+    head. None for a non-rotary part: a zero-width one."""
+    half = cos_sin_cache.shape[-1] // 2
+    rows = cos_sin_cache.double()[pos_ids.long()]
+    cos, sin = rows[:, :half], rows[:, half:]
+
+    def heads(x):
+        return x if x.dim() == 3 else x[:, None, :]
+
+    qr = rotate_float64(q_rope, cos, sin, not is_neox) * quant_scale_q
+    kr = rotate_float64(heads(k_rope), cos, sin, not is_neox).reshape(k_rope.shape) * quant_scale_kv
+    q_nope = q_rope.new_empty((*q_rope.shape[:-1], 0)) if q_nope is None else q_nope
+    k_nope = k_rope.new_empty((*k_rope.shape[:-1], 0)) if k_nope is None else k_nope
+    return qr, kr, q_nope.double() * quant_scale_q, k_nope.double() * quant_scale_kv
+
+
+def rope_quantize_reference_fp8(*args, quantize_dtype=torch.float8_e4m3fn, **kwargs):
+    """rope_quantize_float64 rounded to fp8 (nearest even, saturated at the format's largest finite
+    value): what the kernel returns up to a tie its float32 arithmetic lands on the other side of."""
+    big = torch.finfo(quantize_dtype).max
+    exact = rope_quantize_float64(*args, **kwargs)
+    return tuple(v.clamp(-big, big).float().to(quantize_dtype) for v in exact)
+
+
+def rope_quantize_fp8_reference(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox,
+                                quant_scale_q, quant_scale_kv):
+    out = rope_quantize_float64(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox,
+                                quant_scale_q, quant_scale_kv)
+    return dict(zip(("q_rope_out", "k_rope_out", "q_nope_out", "k_nope_out"), out, strict=True))
+
+
+def rope_quantize_inputs(template, axes, dtype, device, gen):
+    positions = torch.randint(0, axes["max_pos"], (axes["tokens"],), generator=gen, dtype=torch.int64)
+    return {
+        "pos_ids": positions.to(device),
+        "cos_sin_cache": cos_sin_cache_float32(axes["max_pos"], axes["rope_dim"]).to(device),
+    }
+
+
+# Models whose attention rotates part of each head. GLM-4: RoPE on half of each 128-dim head.
+# Pythia (GPT-NeoX): rotary_pct 0.25 of 128 dims. DeepSeek-V3 MLA (absorbed): 128 query heads of
+# qk_rope_head_dim 64 + kv_lora_rank 512, one latent key of the same split.
+PARTIAL_ROTARY_MODELS = (
+    ("glm-4-9b", {"num_q_heads": 32, "num_kv_heads": 2, "rope_dim": 64, "no_rope_dim": 64},
+     "THUDM/glm-4-9b config.json (kv_channels 128, multi_query_group_num 2, rotary on half)"),
+    ("pythia-6.9b", {"num_q_heads": 32, "num_kv_heads": 32, "rope_dim": 32, "no_rope_dim": 96},
+     "EleutherAI/pythia-6.9b config.json (rotary_pct 0.25, head_dim 128)"),
+)
+MLA_MODELS = (
+    ("deepseek-v3", {"num_q_heads": 128, "rope_dim": 64, "no_rope_dim": 512},
+     "deepseek-ai/DeepSeek-V3 config.json (qk_rope_head_dim 64, kv_lora_rank 512)"),
+)
+
+
+def _quant_examples(models):
+    return tuple(
+        Example(name=f"{name}-{phase}", model=name, phase=phase, consts=consts,
+                workloads=tuple({"tokens": t} for t in tokens), source=source)
+        for name, consts, source in models
+        for phase, tokens in (("decode", DECODE_BATCHES), ("prefill", PREFILL_TOKENS))
+    )
+
+
+def _quant_template(name, description, mla):
+    k_heads = () if mla else ("num_kv_heads",)
+    axes = {
+        "tokens": AXES["tokens"],
+        "num_q_heads": AXES["num_q_heads"],
+        **({} if mla else {"num_kv_heads": AXES["num_kv_heads"]}),
+        "rope_dim": const(doc="the rotary dims of each head (q_rope, k_rope)"),
+        "no_rope_dim": const(doc="the other dims (q_nope, k_nope)"),
+        "max_pos": const(MAX_POS, "rows of cos_sin_cache"),
+    }
+    fp8 = "float8_e4m3fn"
+    q_r, q_n = ("tokens", "num_q_heads", "rope_dim"), ("tokens", "num_q_heads", "no_rope_dim")
+    k_r, k_n = ("tokens", *k_heads, "rope_dim"), ("tokens", *k_heads, "no_rope_dim")
+    options = {"quantize_dtype": "the fp8 format: the workload is float8_e4m3fn (None, the default)",
+               "enable_pdl": "a launch detail (programmatic dependent launch)"}
+    if not mla:
+        options["backend"] = "'cuda' only (FlashInfer's 'cutile' is not offered)"
+    return TraceTemplate(
+        name=name,
+        target="//ops:rope",
+        description=description,
+        axes=axes,
+        inputs={
+            "q_rope": Tensor(q_r), "k_rope": Tensor(k_r), "q_nope": Tensor(q_n), "k_nope": Tensor(k_n),
+            "cos_sin_cache": Tensor(("max_pos", "rope_dim"), "float32", "cos | sin per position"),
+            "pos_ids": Tensor(("tokens",), "int64", "rows of cos_sin_cache"),
+            "is_neox": Scalar("bool", True, "NeoX pairs; False: interleaved"),
+            "quant_scale_q": Scalar("float32", 1.0, "q's factor before rounding"),
+            "quant_scale_kv": Scalar("float32", 1.0, "k's factor before rounding"),
+        },
+        outputs={"q_rope_out": Tensor(q_r, fp8), "k_rope_out": Tensor(k_r, fp8),
+                 "q_nope_out": Tensor(q_n, fp8), "k_nope_out": Tensor(k_n, fp8)},
+        reference=rope_quantize_fp8_reference,
+        tolerance=QUANT_TOLERANCE,
+        examples=_quant_examples(MLA_MODELS if mla else PARTIAL_ROTARY_MODELS),
+        small=SMALL_CACHE,
+        options=options,
+        make_inputs=rope_quantize_inputs,
+    )
+
+
+ROPE_QUANTIZE_FP8 = _quant_template(
+    "rope_quantize_fp8",
+    "rotary parts rotated by cos_sin_cache[pos_ids], every part scaled, rounded to fp8",
+    False,
+)
+MLA_ROPE_QUANTIZE_FP8 = _quant_template(
+    "mla_rope_quantize_fp8", "rope_quantize_fp8 with MLA's single latent key head", True)

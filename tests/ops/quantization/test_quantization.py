@@ -8,6 +8,10 @@ CUDA graphs."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+
+import numpy
 import pytest
 import torch
 from helpers import device_params
@@ -15,6 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kiln
+from kiln.codegen.dispatch import specialisation
+from kiln.codegen.graph import load_graph
+from kiln.codegen.specs import compile_spec
+from kiln.runtime.toolchain import available, nvcc
 from kiln.trace.quantization import group_quant_reference_fp8, quantize_e4m3, tensor_quant_reference_fp8
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -252,3 +260,72 @@ def test_cuda_graph_capture_and_replay():
     assert torch.equal(s.cpu(), es.cpu())
     assert_bit_exact(q, eq)
     assert_bit_exact(gq, group_quant_reference_fp8(x, 128)[0])
+
+
+# ---- the scales are IEEE divisions on the device too -------------------------------------------
+
+
+def host_float32_formula(x, group_size=None):
+    """(x_q, scales) from numpy's float32 arithmetic (IEEE, no torch kernel involved): scale =
+    absmax / 448 rounded to nearest, x_q = e4m3(x / scale) from that scale (0 where it is 0)."""
+    v = x.float().cpu().numpy().astype(numpy.float32)
+    g = v.reshape(*v.shape[:-1], -1, group_size) if group_size else v.reshape(1, -1)
+    scale = numpy.abs(g).max(axis=-1, keepdims=True) / numpy.float32(448.0)
+    assert scale.dtype == numpy.float32
+    with numpy.errstate(divide="ignore", invalid="ignore"):
+        q = numpy.where(scale == 0, numpy.float32(0), g / scale).astype(numpy.float32)
+    q = torch.from_numpy(numpy.clip(q, -448, 448)).to(torch.float8_e4m3fn).reshape(v.shape)
+    if group_size:
+        s = torch.from_numpy(scale.squeeze(-1)).reshape(*v.shape[:-1], -1)
+    else:
+        s = torch.from_numpy(scale[0])
+    return q, s
+
+
+# The shapes of the report (1 x 128 bf16 per group of 128; 333 x 1000 f16 dynamic), magnitudes that
+# put absmax in every binade of the scales' range, and the report's own absmax 14.0703125, whose
+# quotient by 448 is 0.0314069464802742 while the reciprocal product gives 0.0314069502055645.
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("shape,group_size", [((1, 128), 128), ((333, 1000), None), ((333, 1024), 128),
+                                              ((7, 7168), 128), ((64, 4096), None), ((5, 96), 32)])
+@pytest.mark.parametrize("mag", [0.01, 1.0, 8.0, 300.0])
+def test_cuda_scales_equal_the_float32_division(dtype, shape, group_size, mag):
+    x = randn(shape, dtype, "cpu", torch.Generator().manual_seed(hash((shape, mag)) % 2**31), scale=mag)
+    x[0, 0] = 14.0703125  # an absmax whose reciprocal product is one ulp off
+    want_q, want_s = host_float32_formula(x, group_size)
+    if group_size:
+        q, s = kiln.per_token_group_quant_fp8(x.cuda(), group_size=group_size)
+    else:
+        q, s = kiln.scaled_fp8_quant(x.cuda())
+    assert torch.equal(s.cpu(), want_s), "the scales must be absmax / 448, the float32 division"
+    assert_bit_exact(q, want_q)
+
+
+def test_the_report_values_are_the_division_and_the_reciprocal_product():
+    """0.0314069464802742 (kiln's scale for absmax 14.0703125) is 14.0703125 / 448 rounded to
+    nearest; 0.0314069502055645 is 14.0703125 * float32(1 / 448), what torch's CUDA kernel computes
+    for `tensor / 448` (a Python number): an expected value computed that way is one ulp off."""
+    a = numpy.float32(14.0703125)
+    assert float(a / numpy.float32(448)) == 0.031406946480274200439453125
+    assert float(a * (numpy.float32(1) / numpy.float32(448))) == 0.031406950205564498901367188
+    _, s = kiln.scaled_fp8_quant(torch.tensor([[14.0703125, -3.0]], dtype=torch.float16))
+    assert s.item() == 0.031406946480274200439453125
+
+
+# Every float32 division the quantisation kernels do must be the IEEE one (PTX div.rn.f32): never
+# div.approx / div.full (what -use_fast_math or -prec-div=false would give) or a reciprocal.
+@pytest.mark.skipif(not available("cuda"), reason="needs nvcc")
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_the_kernels_divide_with_div_rn(tmp_path, dtype):
+    graph = load_graph()
+    spec = compile_spec(specialisation(graph.target("//ops:quantization"), {"dtype": dtype}), "cuda", graph)
+    spec.generate(tmp_path)
+    includes = [f"-I{tmp_path}", *(f"-I{d}" for d in spec.include_dirs)]
+    for arch in ("sm_80", "sm_90"):
+        ptx = tmp_path / f"q_{arch}.ptx"
+        unit = str(tmp_path / "quantization_cuda.cu")
+        command = [nvcc().path, *spec.cuda_flags, f"-arch={arch}", "-ptx", *includes, unit, "-o", str(ptx)]
+        subprocess.run(command, check=True, capture_output=True)
+        ops = re.findall(r"\b((?:div|rcp)\.[a-z0-9.]*f32)\b", ptx.read_text())
+        assert ops and set(ops) == {"div.rn.f32"}, f"{arch}: float32 divisions {sorted(set(ops))}"

@@ -1,7 +1,7 @@
 """kiln's RoPE APIs against a float64 reference, on the host backend always and on CUDA where a
 device is present: every API and its _inplace variant, NeoX and interleaved styles, partial rotary
 (the dims past rotary_dim bit for bit), q and k with different head counts, strided views of a
-fused qkv tensor, indptr/offsets, pos_ids (int32/int64), Llama 3.1 scaling, the cos/sin cache,
+fused qkv tensor, indptr/offsets and pos_ids (int32/int64 each), Llama 3.1 scaling, the cos/sin cache,
 bad inputs and index errors, a property test, torch.compile and CUDA graphs."""
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ def test_matches_reference(device, dtype, variant, llama31, interleave, heads, h
 
 @pytest.mark.parametrize("device", device_params())
 def test_position_sources_agree(device):
-    """indptr/offsets, int32 and int64 pos_ids, and a cos/sin cache of the same frequencies give the
-    same rotation."""
+    """indptr/offsets (int32, int64 and mixed), int32 and int64 pos_ids, and a cos/sin cache of the
+    same frequencies give the same rotation."""
     dtype = torch.bfloat16
     q, k = randn((20, 4, 64), dtype, device), randn((20, 2, 64), dtype, device)
     indptr, offsets = make_indptr([7, 13], device)
@@ -105,9 +105,11 @@ def test_position_sources_agree(device):
     a = kiln.apply_rope(q, k, indptr, offsets)
     b = kiln.apply_rope_pos_ids(q, k, pos.int())
     c = kiln.apply_rope_pos_ids(q, k, pos)
+    wide = kiln.apply_rope(q, k, indptr.long(), offsets.long())
+    mixed = kiln.apply_llama31_rope(q, k, indptr.long(), offsets)
     cache = cos_sin_cache_float32(4096, 64).to(device)
     d = kiln.apply_rope_with_cos_sin_cache(pos, q.flatten(1), k.flatten(1), 64, cache)
-    for x, y in ((a, b), (b, c)):
+    for x, y in ((a, b), (b, c), (a, wide), (mixed, kiln.apply_llama31_rope_pos_ids(q, k, pos))):
         assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
     check(d[0].unflatten(1, (4, 64)), rope_float64(q, k, pos.cpu())[0])
     check(d[1].unflatten(1, (2, 64)), rope_float64(q, k, pos.cpu())[1])
@@ -286,8 +288,10 @@ def test_bad_inputs(device):
         kiln.apply_rope_pos_ids(q, k, pos[:3])
     with pytest.raises(TypeError, match="pos_ids.dtype must be int32 or int64, got float32"):
         kiln.apply_rope_pos_ids(q, k, pos.float())
-    with pytest.raises(TypeError, match="indptr.dtype must be int32, got int64"):
-        kiln.apply_rope(q, k, torch.tensor([0, 4], device=device), pos[:1])
+    with pytest.raises(TypeError, match="indptr.dtype must be int32 or int64, got int16"):
+        kiln.apply_rope(q, k, torch.tensor([0, 4], dtype=torch.int16, device=device), pos[:1])
+    with pytest.raises(TypeError, match="offsets.dtype must be int32 or int64, got float32"):
+        kiln.apply_rope(q, k, torch.tensor([0, 4], device=device), pos[:1].float())
     with pytest.raises(
         ValueError, match=r"offsets.shape\[0\] must equal indptr.shape\[0\] - 1 \(batch\) \(1\)"
     ):
