@@ -6,6 +6,8 @@
     bmm_fp8(A, B, A_scale, B_scale, dtype, out=None, backend="cublas")    out[i] = A_scale B_scale A[i] @ B[i]
     gemm_fp8_nt_groupwise(a, b, a_scale, b_scale, scale_major_mode=None, mma_sm=1,
                           scale_granularity_mnk=(1, 128, 128), out=None, out_dtype=None, backend="cutlass")
+    gemm_fp8_nt_blockscaled(a, b, a_scale, b_scale, scale_major_mode="MN", mma_sm=1, out=None,
+                          out_dtype=None)                                 both operands per 128 x 128 block
     SegmentGEMMWrapper(float_workspace_buffer, backend="auto").run(x, weights, batch_size,
                           weight_column_major, out=None, seg_lens=None, seg_indptr=None, weight_indices=None)
     grouped_mm(a, b, offs, bias=None, out_dtype=None, out=None, backend="auto")
@@ -61,6 +63,7 @@ _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _16BIT = (torch.bfloat16, torch.float16)
 _INDEX = (torch.int32, torch.int64)
 SCALE_GRANULARITY = (1, 128, 128)  # the one groupwise granularity kiln's kernels implement
+BLOCK_GRANULARITY = (128, 128, 128)  # gemm_fp8_nt_blockscaled: a's scales expanded per row
 # FlashInfer 0.7.2's backend names of each API (its @backend_requirement tables, "auto" apart).
 # Every name runs kiln's kernels of the API's target: the tactic comes from the default heuristic
 # or kiln.autotune, whatever the name (docs/gemm.md, "Backends").
@@ -535,7 +538,8 @@ def gemm_fp8_nt_groupwise(
             requires the mode; kiln takes None as "MN"), "K" for cutile; ignored by trtllm.
         mma_sm: 1 or 2, accepted for FlashInfer compatibility; no effect (kiln's cluster shape is a
             tactic: the default heuristic or kiln.autotune picks it).
-        scale_granularity_mnk: (1, 128, 128), the only granularity supported.
+        scale_granularity_mnk: (1, 128, 128), or (128, 128, 128) (a_scale per 128 x 128 block of
+            a as gemm_fp8_nt_blockscaled takes it; the cutlass backend only, as FlashInfer's).
         out: optional ``[m, n]`` output; its dtype wins over out_dtype.
         out_dtype: torch.bfloat16 (None, the default) or torch.float16.
         backend: FlashInfer's names, each running kiln's kernels: "cutlass" (the default; the
@@ -546,7 +550,88 @@ def gemm_fp8_nt_groupwise(
             cuTile refuses "MN").
         skip_check: accepted for FlashInfer compatibility; kiln always checks its arguments.
     """
-    api = "kiln.gemm_fp8_nt_groupwise"
+    return _groupwise(
+        "kiln.gemm_fp8_nt_groupwise",
+        a,
+        b,
+        a_scale,
+        b_scale,
+        scale_major_mode,
+        mma_sm,
+        scale_granularity_mnk,
+        out,
+        out_dtype,
+        backend,
+    )
+
+
+@backend_requirement(FP8)  # no backend choices, as FlashInfer's @backend_requirement({}, ...)
+@logged_api(mutates=("out",))
+@traced(gemm_traces.GEMM_FP8_NT_BLOCKSCALED)
+def gemm_fp8_nt_blockscaled(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    scale_major_mode: str | None = "MN",
+    mma_sm: int = 1,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    *,
+    skip_check: bool = False,
+) -> torch.Tensor:
+    """fp8 GEMM with 128 x 128 block scales on both operands, float32 accumulation (FlashInfer's
+    gemm_fp8_nt_groupwise with scale_granularity_mnk (128, 128, 128)).
+
+    ``out[i, j] = sum_kb a_scale(i // 128, kb) * b_scale(j // 128, kb) * (a[i, kb] . b[j, kb])``, the
+    dot product over the 128-wide k block kb
+
+    Args:
+        a: ``[m, k]``, float8_e4m3fn or float8_e5m2, row-major; k a multiple of 128.
+        b: ``[n, k]``, float8_e4m3fn (the fast kernels) or float8_e5m2, k contiguous.
+        a_scale: float32, one per 128 x 128 block of a: ``[k / 128, ceil(m / 128)]`` ("MN") or
+            ``[ceil(m / 128), k / 128]`` ("K"); expanded to one scale per row (a copy of
+            ``m * k / 128`` floats) for the 1 x 128 kernels of gemm_fp8_nt_groupwise.
+        b_scale: float32, one per 128 x 128 block of b, as for gemm_fp8_nt_groupwise.
+        scale_major_mode: "MN" (the default; None is "MN") or "K".
+        mma_sm: 1 or 2, accepted for FlashInfer compatibility; no effect.
+        out: optional ``[m, n]`` output; its dtype wins over out_dtype.
+        out_dtype: torch.bfloat16 (None, the default) or torch.float16.
+        skip_check: accepted for FlashInfer compatibility; kiln always checks its arguments.
+    """
+    return _groupwise(
+        "kiln.gemm_fp8_nt_blockscaled",
+        a,
+        b,
+        a_scale,
+        b_scale,
+        scale_major_mode,
+        mma_sm,
+        BLOCK_GRANULARITY,
+        out,
+        out_dtype,
+        "cutlass",
+    )
+
+
+def _rows_of_blocks(api: str, a_scale: torch.Tensor, m: int, kb: int, mode: str) -> torch.Tensor:
+    """a's 128 x 128 block scales as one scale per row (the 1 x 128 layout of the same mode)."""
+    mb = -(-m // SCALE_GRANULARITY[1])
+    want = (kb, mb) if mode == "MN" else (mb, kb)
+    if a_scale.dim() != 2 or tuple(a_scale.shape) != want:
+        shape = "[k / 128, ceil(m / 128)]" if mode == "MN" else "[ceil(m / 128), k / 128]"
+        raise ValueError(
+            f"{api}: a_scale must be {shape} = {list(want)} for scale_major_mode {mode!r} with 128 x 128 "
+            f"blocks of a, got shape {list(a_scale.shape)}"
+        )
+    dim = 1 if mode == "MN" else 0
+    return a_scale.repeat_interleave(SCALE_GRANULARITY[1], dim=dim).narrow(dim, 0, m)
+
+
+def _groupwise(
+    api, a, b, a_scale, b_scale, scale_major_mode, mma_sm, scale_granularity_mnk, out, out_dtype, backend
+) -> torch.Tensor:
+    """gemm_fp8_nt_groupwise and gemm_fp8_nt_blockscaled: the checks, then the launch."""
     _tensor(api, "a", a, 2)
     _tensor(api, "b", b, 2)
     _fp8_pair(api, a, b, "a", "b")
@@ -560,11 +645,15 @@ def gemm_fp8_nt_groupwise(
     mode = scale_major_mode or ("K" if backend == "cutile" else "MN")
     if mma_sm not in (1, 2):
         raise ValueError(f"{api}: mma_sm must be 1 or 2, got {mma_sm!r}")
-    if tuple(scale_granularity_mnk) != SCALE_GRANULARITY:
+    granularity = tuple(scale_granularity_mnk)
+    if granularity not in (SCALE_GRANULARITY, BLOCK_GRANULARITY):
         raise ValueError(
-            f"{api}: scale_granularity_mnk {tuple(scale_granularity_mnk)} is not supported: kiln's "
-            f"groupwise kernels scale per {SCALE_GRANULARITY} blocks (DeepSeek-V3's) only"
+            f"{api}: scale_granularity_mnk {granularity} is not supported: kiln's groupwise kernels "
+            f"scale per {SCALE_GRANULARITY} blocks (DeepSeek-V3's), or {BLOCK_GRANULARITY} "
+            "(expanded to one scale per row)"
         )
+    if granularity == BLOCK_GRANULARITY and backend != "cutlass":
+        raise _backend_refuses(api, backend, f"supports scale_granularity_mnk {SCALE_GRANULARITY} only")
     k = a.shape[1]
     if k % SCALE_GRANULARITY[2]:
         raise ValueError(f"{api}: k (a.shape[1] = {k}) must be a multiple of 128 for groupwise scaling")
@@ -583,6 +672,8 @@ def gemm_fp8_nt_groupwise(
     if backend == "trtllm":
         a_scale, b_scale = _trtllm_scales(api, a_scale, b_scale, a.shape[0], b.shape[0], k)
         mode = "K"
+    if granularity == BLOCK_GRANULARITY:
+        a_scale = _rows_of_blocks(api, a_scale, a.shape[0], k // SCALE_GRANULARITY[2], mode)
     out = _out(api, out, (a.shape[0], b.shape[0]), dtype, a)
     _fp8_op(out, a, b.t(), a_scale, b_scale, mode)
     return out

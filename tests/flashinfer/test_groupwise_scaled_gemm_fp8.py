@@ -1,10 +1,11 @@
 """Re-creates FlashInfer 0.7's tests/gemm/test_groupwise_scaled_gemm_fp8.py against kiln: the fp8
-GEMMs with DeepSeek-V3 groupwise scales, gemm_fp8_nt_groupwise (1 x 128 x 128 blocks; the backend
-names "cutlass", "trtllm", "cutile"; small batches; the cuTile output dtypes and its refusal of
-MN-major scales) and group_gemm_fp8_nt_groupwise (1, 2, 4 or 8 equal segments), with FlashInfer's
-assertions (against the product of the dequantized operands: atol 1e-2, rtol 1e-2). The operands
-are quantized per tile with power-of-two scales as FlashInfer's test does, by this module's own
-quantize_fp8 / dequantize_fp8.
+GEMMs with DeepSeek-V3 groupwise scales, gemm_fp8_nt_blockscaled (128 x 128 blocks of both
+operands), gemm_fp8_nt_groupwise (1 x 128 x 128 blocks; the backend names "cutlass", "trtllm",
+"cutile"; small batches; the cuTile output dtypes and its refusal of MN-major scales) and
+group_gemm_fp8_nt_groupwise (1, 2, 4 or 8 equal segments), with FlashInfer's assertions (against
+the product of the dequantized operands: atol 1e-2, rtol 1e-2). The operands are quantized per
+tile with power-of-two scales as FlashInfer's test does, by this module's own quantize_fp8 /
+dequantize_fp8.
 
 kiln runs every backend name on its own sm90 kernels (and its fallback and host backends), so the
 cases FlashInfer runs only on SM100 / SM110 / SM120 run here on any device, and its cuda-tile
@@ -12,15 +13,15 @@ availability check is left out. Where FlashInfer's test skips a call its backend
 refuses it too and the case checks the refusal: cuTile with MN-major scales, TensorRT-LLM with k
 below 256.
 
-Not claimed (skipped, named): gemm_fp8_nt_blockscaled (128 x 128 scale blocks of a),
-group_deepgemm_fp8_nt_groupwise and batch_deepgemm_fp8_nt_groupwise (DeepGEMM's m_indices and
-masked layouts), and the TensorRT-LLM backend given K-major scales (FlashInfer's kernel reads its
-own scale layout; its test skips the combination). FlashInfer's `solo` marker is left out: the
-largest cases (up to ~14 GiB) take turns instead (one_large_case_at_a_time).
+Not claimed (skipped, named): group_deepgemm_fp8_nt_groupwise and batch_deepgemm_fp8_nt_groupwise
+(DeepGEMM's m_indices and masked layouts), and the TensorRT-LLM backend given K-major scales
+(FlashInfer's kernel reads its own scale layout; its test skips the combination). FlashInfer's
+`solo` marker is left out: the largest cases (up to ~14 GiB) take turns instead
+(one_large_case_at_a_time).
 
-CPU: m 128 (1 and 4 for the small batches, 4 and 128 for the grouped GEMM), n 128 and 256, k 128
-and 256, one or two groups (the host backend runs float32 loops); both scale layouts, every
-backend name, both output dtypes."""
+CPU (the host backend runs float32 loops): m 128 (128 and 256 block-scaled, 1 and 4 for the small
+batches, 4 and 128 for the grouped GEMM), n 128 and 256, k 128 and 256, one or two groups; both
+scale layouts, every backend name, both output dtypes."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import math
 import pytest
 import torch
 
-from kiln.gemm import gemm_fp8_nt_groupwise, group_gemm_fp8_nt_groupwise
+from kiln.gemm import gemm_fp8_nt_blockscaled, gemm_fp8_nt_groupwise, group_gemm_fp8_nt_groupwise
 from tests.flashinfer.conftest import not_claimed
 from tests.flashinfer.test_group_gemm import one_large_case_at_a_time
 
@@ -61,21 +62,21 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, scale_major_mode: str) 
     return q.float() * grid.repeat_interleave(tr, dim=-2).repeat_interleave(tc, dim=-1)
 
 
-def _operands(m, n, k, scale_major_mode, device, groups=None):
-    """FlashInfer's operands: a [m, k] ~ N(0, 1) per 1 x 128 tile, b [n, k] (or [groups, n, k]) ~
-    N(0, 1 / k) per 128 x 128 tile, quantized, and the float32 product of the dequantized ones."""
+def _operands(m, n, k, scale_major_mode, device, groups=None, a_rows=1):
+    """FlashInfer's operands: a [m, k] ~ N(0, 1) per a_rows x 128 tile, b [n, k] (or [groups, n,
+    k]) ~ N(0, 1 / k) per 128 x 128 tile, quantized, and the dequantized ones."""
     tile_size = 128
     b_shape = (n, k) if groups is None else (groups, n, k)
     a_val = torch.randn((m, k), dtype=torch.float, device=device)
     b_val = torch.randn(b_shape, dtype=torch.float, device=device) / math.sqrt(k)
     lead = () if groups is None else (groups,)
     if scale_major_mode == "K":
-        a_scale_shape = (m, k // tile_size)
+        a_scale_shape = (m // a_rows, k // tile_size)
         b_scale_shape = (*lead, n // tile_size, k // tile_size)
     else:
-        a_scale_shape = (k // tile_size, m)
+        a_scale_shape = (k // tile_size, m // a_rows)
         b_scale_shape = (*lead, k // tile_size, n // tile_size)
-    a_fp8, a_scale = quantize_fp8(a_val, a_scale_shape, (1, tile_size), scale_major_mode)
+    a_fp8, a_scale = quantize_fp8(a_val, a_scale_shape, (a_rows, tile_size), scale_major_mode)
     b_fp8, b_scale = quantize_fp8(b_val, b_scale_shape, (*((1,) * len(lead)), tile_size, tile_size),
                                   scale_major_mode)
     return a_fp8, b_fp8, a_scale, b_scale, dequantize_fp8(a_fp8, a_scale, scale_major_mode), \
@@ -87,9 +88,16 @@ def _operands(m, n, k, scale_major_mode, device, groups=None):
 @pytest.mark.parametrize("k", [128, 256, 512, 4096, 8192])
 @pytest.mark.parametrize("scale_major_mode", ["MN", "K"])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16])
-@pytest.mark.cpu_cases(m=(128,), n=(128,), k=(128,))
+@pytest.mark.cpu_cases(m=(128, 256), n=(128,), k=(256,))
 def test_fp8_blockscale_gemm(m, n, k, scale_major_mode, out_dtype, device):
-    not_claimed("gemm_fp8_nt_blockscaled (scale_granularity_mnk (128, 128, 128): 128 x 128 blocks of a)")
+    torch.random.manual_seed(0)
+    with one_large_case_at_a_time(device, 16 * (m * k + n * k + m * n)):
+        a_fp8, b_fp8, a_scale, b_scale, a_dequant, b_dequant = _operands(
+            m, n, k, scale_major_mode, device, a_rows=128
+        )
+        ref_c = torch.einsum("mk,nk->mn", a_dequant, b_dequant).to(out_dtype)
+        c = gemm_fp8_nt_blockscaled(a_fp8, b_fp8, a_scale, b_scale, scale_major_mode, out_dtype=out_dtype)
+        torch.testing.assert_close(c, ref_c, atol=1e-2, rtol=1e-2)
 
 
 @pytest.mark.parametrize("m", [128, 256, 512, 4096, 8192])

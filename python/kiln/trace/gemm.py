@@ -358,6 +358,68 @@ MOE_LAYERS = (
 MOE_EXPERTS, MOE_TOP_K = 128, 8
 
 
+def blockscaled_reference_float(a, b, a_scale, b_scale, scale_major_mode="MN", compute=torch.float32):
+    """groupwise_reference_float with a scaled per 128 x 128 block too: "MN" a_scale [k/128,
+    ceil(m/128)], b_scale [k/128, ceil(n/128)]; "K" a_scale [ceil(m/128), k/128], b_scale
+    [ceil(n/128), k/128]."""
+    m, k = a.shape
+    n = b.shape[0]
+    if scale_major_mode in ("MN", None):
+        a_scale, b_scale = a_scale.t(), b_scale.t()
+    a_deq = a.to(compute) * expand_scales(a_scale.to(compute), m, k, SCALE_BLOCK)
+    b_deq = b.to(compute) * expand_scales(b_scale.to(compute), n, k, SCALE_BLOCK)
+    return a_deq @ b_deq.t()
+
+
+def blockscaled_reference(a, b, a_scale, b_scale, scale_major_mode):
+    return {"out": blockscaled_reference_float(a, b, a_scale, b_scale, scale_major_mode)}
+
+
+def blockscaled_inputs(t, axes, dtype, device, gen):
+    """Both operands quantized per 128 x 128 block, the scales in the "MN" layout."""
+    m, n, k = axes["m"], axes["n"], axes["k"]
+    fp8 = torch.float8_e4m3fn
+    a, a_scale = quantize_blocks(operand((m, k), k, gen, device), SCALE_BLOCK, fp8)
+    b, b_scale = quantize_blocks(operand((n, k), k, gen, device), SCALE_BLOCK, fp8)
+    return {
+        "a": a.to(device),
+        "b": b.to(device),
+        "a_scale": a_scale.t().contiguous().to(device),
+        "b_scale": b_scale.t().contiguous().to(device),
+    }
+
+
+GEMM_FP8_NT_BLOCKSCALED = TraceTemplate(
+    name="gemm_fp8_nt_blockscaled",
+    target="//ops/gemm:fp8",
+    description="block-scaled fp8: out = a @ b.T with a [m, k] and b [n, k] each scaled per 128 x 128 "
+    "block (MN-major scales); out in the workload dtype",
+    axes={
+        "m": var("rows: tokens"),
+        "n": var("output features"),
+        "k": var("input features (a multiple of 128)"),
+    },
+    inputs={
+        "a": Tensor(("m", "k"), "float8_e4m3fn"),
+        "b": Tensor(("n", "k"), "float8_e4m3fn"),
+        "a_scale": Tensor(("k // 128", "cdiv(m, 128)"), "float32"),
+        "b_scale": Tensor(("k // 128", "cdiv(n, 128)"), "float32"),
+        "scale_major_mode": Scalar("str", "MN", "layout of the scales: 'MN' or 'K'"),
+    },
+    outputs={"out": Tensor(("m", "n"))},
+    options={
+        "mma_sm": "accepted, no effect (kiln's cluster shape is a tactic)",
+        "out_dtype": "the workload dtype",
+        "skip_check": SKIP_CHECK_OPTION,
+    },
+    make_inputs=blockscaled_inputs,
+    reference=blockscaled_reference,
+    tolerance=FP8_TOLERANCE,
+    examples=fp8_examples(batch=False),
+    small=({"m": 1, "n": 72, "k": 128}, {"m": 133, "n": 200, "k": 256}),
+)
+
+
 def segment_lengths(rows: int, segments: int, gen: torch.Generator) -> torch.Tensor:
     """Rows per segment: `rows` routed rows drawn uniformly over the segments (int64)."""
     if rows == 0:

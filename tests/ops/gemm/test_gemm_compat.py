@@ -2,10 +2,11 @@
 backend name runs kiln's kernels and matches the reference; a name FlashInfer does not have is a
 ValueError listing the accepted ones; the calls FlashInfer refuses for a name are refused with its
 reason; mm_bf16's bias and pdl, 16-bit outputs of the other dtype, gemm_fp8_nt_groupwise's
-TensorRT-LLM scale layout, skip_check; and the capability queries (is_compute_capability_supported,
-is_backend_supported, kiln/_support.py), which must follow the targets' arch families in the build
-graph rather than a typed-in list. On the GPU: programmatic dependent launch through every kernel
-family (sm90, sm80, small-M, fallback) after a producer kernel, eagerly and in a CUDA graph.
+TensorRT-LLM scale layout, gemm_fp8_nt_blockscaled (128 x 128 blocks of a), skip_check; and the
+capability queries (is_compute_capability_supported, is_backend_supported, kiln/_support.py),
+which must follow the targets' arch families in the build graph rather than a typed-in list. On
+the GPU: programmatic dependent launch through every kernel family (sm90, sm80, small-M,
+fallback) after a producer kernel, eagerly and in a CUDA graph.
 
 The host backend runs every CPU case (small shapes: float32 loops); -m gpu the CUDA ones."""
 
@@ -71,6 +72,53 @@ def test_every_groupwise_backend_name_runs_kiln_kernels(device, backend, mode, l
     a, b, sa, sb = groupwise_operands(33, 200, 256, layout, device, g)
     out = kiln.gemm_fp8_nt_groupwise(a, b, sa, sb, mode, backend=backend)
     close(out, ref.groupwise_reference_float(a, b, sa, sb, layout, torch.float64), BF16, FP8_TOL[device])
+
+
+def blockscaled_operands(m, n, k, mode, device, g, a_dtype=E4M3):
+    a, sa = ref.quantize_blocks(ref.operand((m, k), k, g), ref.SCALE_BLOCK, a_dtype)
+    b, sb = ref.quantize_blocks(ref.operand((n, k), k, g), ref.SCALE_BLOCK, E4M3)
+    if mode == "MN":
+        sa, sb = sa.t().contiguous(), sb.t().contiguous()
+    return a.to(device), b.to(device), sa.to(device), sb.to(device)
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("mode", ["MN", "K"])
+@pytest.mark.parametrize(
+    "mnk,a_dtype", [((1, 72, 128), E4M3), ((133, 200, 256), E4M3), ((300, 256, 384), E5M2)]
+)
+def test_gemm_fp8_nt_blockscaled_matches_the_reference(device, mode, mnk, a_dtype):
+    """128 x 128 blocks of a as well as b (m not a multiple of 128: a partial last block of rows),
+    both scale layouts; gemm_fp8_nt_groupwise with scale_granularity_mnk (128, 128, 128) is the same
+    call."""
+    m, n, k = mnk
+    g = gen(sum(mnk) + len(mode))
+    a, b, sa, sb = blockscaled_operands(m, n, k, mode, device, g, a_dtype)
+    want = ref.blockscaled_reference_float(a, b, sa, sb, mode, torch.float64)
+    out = kiln.gemm_fp8_nt_blockscaled(a, b, sa, sb, mode)
+    assert out.dtype == BF16 and out.shape == (m, n)
+    close(out, want, BF16, FP8_TOL[device])
+    out16 = nan_like((m, n), F16, device)
+    kiln.gemm_fp8_nt_groupwise(a, b, sa, sb, mode, scale_granularity_mnk=(128, 128, 128), out=out16)
+    close(out16, want, F16, FP8_TOL[device])
+
+
+def test_gemm_fp8_nt_blockscaled_bad_inputs_name_the_argument():
+    g = gen(56)
+    a, b, sa, sb = blockscaled_operands(130, 128, 256, "MN", "cpu", g)
+    with pytest.raises(ValueError, match=r"a_scale must be \[k / 128, ceil\(m / 128\)\] = \[2, 2\] for "
+                       "scale_major_mode 'MN' with 128 x 128 blocks of a, got shape \\[2, 130\\]"):
+        kiln.gemm_fp8_nt_blockscaled(a, b, sa.repeat_interleave(128, 1)[:, :130], sb)
+    with pytest.raises(ValueError, match=r"a_scale must be \[ceil\(m / 128\), k / 128\] = \[2, 2\]"):
+        kiln.gemm_fp8_nt_blockscaled(a, b, sa[:1], sb.t().contiguous(), "K")
+    for backend in ("trtllm", "cutile"):
+        with pytest.raises(ValueError, match=r"supports scale_granularity_mnk \(1, 128, 128\) only"):
+            kiln.gemm_fp8_nt_groupwise(
+                a, b, sa.t().contiguous(), sb.t().contiguous(), "K", scale_granularity_mnk=(128, 128, 128),
+                backend=backend,
+            )
+    with pytest.raises(ValueError, match="mma_sm must be 1 or 2"):
+        kiln.gemm_fp8_nt_blockscaled(a, b, sa, sb, mma_sm=3)
 
 
 @pytest.mark.parametrize("device", device_params())
@@ -308,6 +356,7 @@ DECORATED = [
     (kiln.bmm_bf16, gemm.MM, gemm.BMM_BF16_BACKENDS),
     (kiln.bmm_fp8, gemm.FP8, gemm.BMM_FP8_BACKENDS),
     (kiln.gemm_fp8_nt_groupwise, gemm.FP8, gemm.GEMM_FP8_NT_GROUPWISE_BACKENDS),
+    (kiln.gemm_fp8_nt_blockscaled, gemm.FP8, ()),
     (kiln.group_gemm_fp8_nt_groupwise, gemm.FP8_GROUPED, ()),
 ]
 CCS = (70, 75, 80, 86, 87, 89, 90, 100, 103, 107, 110, 120, 121)
@@ -328,7 +377,7 @@ def test_capability_queries_answer_from_the_build_graph(fn, label, names):
         assert not fn.is_backend_supported("auto") and not fn.is_backend_supported("nope", 90)
     else:  # FlashInfer's @backend_requirement({}, ...): no backend choices
         assert not fn.has_backend_choices()
-        with pytest.raises(ValueError, match="no backend choices for group_gemm_fp8_nt_groupwise"):
+        with pytest.raises(ValueError, match=f"no backend choices for {fn.__name__}"):
             fn.is_backend_supported("trtllm", 90)
 
 
