@@ -28,7 +28,7 @@
 // M/N/K tails: TMA zero-fills out-of-bounds boxes (K sums over zeros); stores are clipped.
 // Programmatic dependent launch (ctx.pdl, ops/common/pdl.cuh): every thread waits (pdl_wait) after
 //   the barrier set-up, before the producer's first TMA load and the consumers' first scale or
-//   segment read; each role lets the next kernel launch once its own last loads are issued.
+//   segment read, and lets the next kernel be scheduled right away (the grid is resident whole).
 // Requirements (gemm_tactics.cc, unsupported()): 16-byte aligned a, b, out; row and batch strides
 // multiples of 16 bytes; fp8 needs a K-major B; groupwise needs BN = 128 and k % 128 == 0.
 #pragma once
@@ -216,8 +216,11 @@ __global__ void __launch_bounds__(384, 1)
   }
   // Programmatic dependent launch: the prologue above touched shared memory only; A, B, the
   // scales, the segment bounds and out may belong to the kernel before this one on the stream
-  // (a no-op unless launched with the attribute: ctx.pdl).
+  // (a no-op unless launched with the attribute: ctx.pdl). The persistent grid is resident whole,
+  // so the next kernel may be scheduled at once: it starts on the SMs this grid's CTAs leave and
+  // waits (its own pdl_wait) for this grid to complete.
   pdl_wait();
+  pdl_launch_dependents();
 
   // The tile sequence of this CTA (the same for producer and consumers).
   SegmentCursor cursor;
@@ -283,7 +286,6 @@ __global__ void __launch_bounds__(384, 1)
         __syncwarp();
       }
     }
-    pdl_launch_dependents();  // every TMA load of this CTA is issued
   } else {
     // ---------------- consumers ----------------
     sm90::setmaxnreg_inc<C::CONSUMER_REGS>();
@@ -472,7 +474,6 @@ __global__ void __launch_bounds__(384, 1)
         }
       }
     }
-    pdl_launch_dependents();  // the consumers' last scale loads are done
     if constexpr (!C::GROUPED) {
       if (ct == 0) sm90::tma_store_wait<0>();
     }
