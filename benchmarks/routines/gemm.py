@@ -2,11 +2,14 @@
 FlashInfer 0.7 where it runs (optional: "unavailable" when it does not import or has no kernel
 for the device):
 
-  mm_bf16                torch.matmul (cuBLAS) on the same layouts; flashinfer.mm_bf16 (cuBLASLt)
+  mm_bf16                torch.matmul (cuBLAS) on the same layouts; flashinfer.mm_bf16 (cuBLASLt);
+                         kiln with pdl=True (kiln_pdl: programmatic dependent launch, sm90+)
   bmm_bf16               torch.bmm; flashinfer.bmm_bf16 (cuDNN, when the cudnn frontend imports)
   bmm_fp8                torch._scaled_mm per batch (cuBLASLt, per-tensor scales); flashinfer.bmm_fp8
   gemm_fp8_nt_groupwise  torch: dequantize per block and torch.matmul (what a user writes without
                          a block-scaled kernel); flashinfer (sm100/sm120 only: unavailable on 9.0)
+  gemm_fp8_nt_blockscaled  the same dequantize-and-matmul with a's scales per 128 x 128 block too;
+                         flashinfer (sm100/sm120 only)
   segment_gemm           a torch.matmul loop over the segments; torch._grouped_mm; FlashInfer's
                          SegmentGEMMWrapper
   grouped_mm             kiln's triton backend (kiln_triton); torch._grouped_mm; a torch.matmul loop
@@ -65,6 +68,14 @@ def kiln_mm(inp, ctx):
     a, b = inp["a"], inp["b"]
     out = _nan_out((a.shape[0], b.shape[1]), a.dtype, a.device)
     return lambda: kiln.mm_bf16(a, b, out=out)
+
+
+def kiln_mm_pdl(inp, ctx):
+    """mm_bf16 launched with programmatic dependent launch (sm90+): back-to-back calls overlap
+    each launch with the previous kernel's tail."""
+    a, b = inp["a"], inp["b"]
+    out = _nan_out((a.shape[0], b.shape[1]), a.dtype, a.device)
+    return lambda: kiln.mm_bf16(a, b, pdl=True, out=out)
 
 
 def torch_mm(inp, ctx):
@@ -127,8 +138,11 @@ def _peers(kiln_setup, torch_name, torch_setup, fi_setup, fi_available, torch_av
 
 MM_BF16 = Routine(
     api=kiln.mm_bf16,
-    backends=_peers(
-        kiln_mm, "torch", torch_mm, flashinfer_mm, lambda device, dtype: _flashinfer_on(device, dtype)
+    backends=(
+        *_peers(
+            kiln_mm, "torch", torch_mm, flashinfer_mm, lambda device, dtype: _flashinfer_on(device, dtype)
+        ),
+        Backend("kiln_pdl", kiln_mm_pdl, available=cuda_only, version=kiln_version),
     ),
     flops_per_call=gemm_flops,
     max_sets=64,
@@ -199,6 +213,37 @@ def flashinfer_groupwise(inp, ctx):
     return lambda: fi.gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="MN", out_dtype=dtype)
 
 
+def kiln_blockscaled(inp, ctx):
+    a, b, sa, sb = inp["a"], inp["b"], inp["a_scale"], inp["b_scale"]
+    dtype = torch_dtype(ctx.dtype)
+    out = _nan_out((a.shape[0], b.shape[0]), dtype, a.device)
+    mode = inp["scale_major_mode"]
+    return lambda: kiln.gemm_fp8_nt_blockscaled(a, b, sa, sb, mode, out=out)
+
+
+def torch_blockscaled(inp, ctx):
+    """Dequantize each operand by its 128 x 128 block scales into the workload dtype, then torch.matmul."""
+    a, b, sa, sb = inp["a"], inp["b"], inp["a_scale"], inp["b_scale"]
+    dtype = torch_dtype(ctx.dtype)
+    m, k = a.shape
+    n = b.shape[0]
+    block = gemm_traces.SCALE_BLOCK
+
+    def run():
+        a_deq = (a.float() * gemm_traces.expand_scales(sa.t(), m, k, block)).to(dtype)
+        b_deq = (b.float() * gemm_traces.expand_scales(sb.t(), n, k, block)).to(dtype)
+        return a_deq @ b_deq.t()
+
+    return run
+
+
+def flashinfer_blockscaled(inp, ctx):
+    fi = _flashinfer()[0]
+    a, b, sa, sb = inp["a"], inp["b"], inp["a_scale"], inp["b_scale"]
+    dtype = torch_dtype(ctx.dtype)
+    return lambda: fi.gemm_fp8_nt_blockscaled(a, b, sa, sb, "MN", out_dtype=dtype)
+
+
 FP8_DTYPES = ("bfloat16", "float16")
 BMM_FP8 = Routine(
     api=kiln.bmm_fp8,
@@ -222,6 +267,21 @@ GEMM_FP8_NT_GROUPWISE = Routine(
         flashinfer_groupwise,
         lambda device, dtype: _flashinfer_on(
             device, dtype, FP8_DTYPES, min_cc=(10, 0), why="(its groupwise kernels are sm100/sm120)"
+        ),
+    ),
+    flops_per_call=gemm_flops,
+    max_sets=64,
+)
+
+GEMM_FP8_NT_BLOCKSCALED = Routine(
+    api=kiln.gemm_fp8_nt_blockscaled,
+    backends=_peers(
+        kiln_blockscaled,
+        "torch_dequant",
+        torch_blockscaled,
+        flashinfer_blockscaled,
+        lambda device, dtype: _flashinfer_on(
+            device, dtype, FP8_DTYPES, min_cc=(10, 0), why="(its block-scaled kernels are sm100/sm120)"
         ),
     ),
     flops_per_call=gemm_flops,
@@ -417,6 +477,7 @@ ROUTINES = (
     BMM_BF16,
     BMM_FP8,
     GEMM_FP8_NT_GROUPWISE,
+    GEMM_FP8_NT_BLOCKSCALED,
     SEGMENT_GEMM,
     GROUPED_MM,
     GROUP_GEMM_FP8_NT_GROUPWISE,

@@ -1,14 +1,15 @@
 // //ops/gemm:mm launcher: dense 16-bit GEMM, mm_bf16 and bmm_bf16 (ops/gemm/gemm.h, GemmParams).
 // Keyword-only arguments; tensors 2-D (mm) or 3-D (bmm, the batch first):
 //
-//   mm(*, a, b, out, tactic=-1, strict=False, blocked=0, stream=0) -> int    the tactic index run
+//   mm(*, a, b, out, tactic=-1, strict=False, blocked=0, pdl=False, stream=0) -> int  the tactic run
 //   mm_tactics(*, a, b, out) -> (default index, [indices of every tactic that can run it])
 //
 // a [.., m, k] row-major (any row and batch strides); b [.., k, n] row-major or column-major (the
-// transpose view of an [n, k] weight); out [.., m, n] row-major, a's dtype or float32, apart from
-// a and b. `tactic` asks for an index of tactic_names (-1: the default heuristic); `blocked` is a
-// bit mask of indices never to run; `strict` makes a tactic that cannot serve the call an error
-// instead of the default (the autotuner's timing runs).
+// transpose view of an [n, k] weight); out [.., m, n] row-major, bfloat16, float16 or float32,
+// apart from a and b. `tactic` asks for an index of tactic_names (-1: the default heuristic);
+// `blocked` is a bit mask of indices never to run; `strict` makes a tactic that cannot serve the
+// call an error instead of the default (the autotuner's timing runs); `pdl` launches with
+// programmatic dependent launch (ignored for CPU tensors; the caller asks for it on sm90+ only).
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -36,9 +37,8 @@ Problem problem(py::handle a_obj, py::handle b_obj, py::handle out_obj) {
   pr.b = input_view(b_obj, "b", &pr.a, pr.a.ndim, pr.a.ndim);
   kb::check_dtype(pr.b, kDType, "the dtype of a");
   pr.out = out_view(out_obj, pr.a, {&pr.a, &pr.b});
-  if (pr.out.dtype != kDType && pr.out.dtype != kFloat32) {
-    kb::type_error("out.dtype must be " + kb::dtype_str(kDType) + " (a's dtype) or float32, got " +
-                   kb::dtype_str(pr.out.dtype));
+  if (pr.out.dtype != kBFloat16 && pr.out.dtype != kFloat16 && pr.out.dtype != kFloat32) {
+    kb::type_error("out.dtype must be bfloat16, float16 or float32, got " + kb::dtype_str(pr.out.dtype));
   }
   const Matrix A = matrix_of(pr.a, false, false,
                              "row-major in its last two dimensions (stride 1 along k; a transposed view is not)");
@@ -61,14 +61,15 @@ Problem problem(py::handle a_obj, py::handle b_obj, py::handle out_obj) {
   return pr;
 }
 
-int mm(py::handle a, py::handle b, py::handle out, int tactic, bool strict, uint64_t blocked, uintptr_t stream) {
+int mm(py::handle a, py::handle b, py::handle out, int tactic, bool strict, uint64_t blocked, bool pdl,
+       uintptr_t stream) {
   const Problem pr = problem(a, b, out);
   const int index = pick_tactic(pr.p, tactic, blocked, strict, pr.a);
   count_launch(index);
   kiln::Status st;
   {
     py::gil_scoped_release no_gil;
-    st = kg::gemm(pr.p, kg::all_tactics()[size_t(index)], kb::launch_context(pr.a, stream, 0));
+    st = kg::gemm(pr.p, kg::all_tactics()[size_t(index)], kb::launch_context(pr.a, stream, 0, pdl));
   }
   kb::raise_if_failed(st, kiln::spec::kUri);
   return index;
@@ -85,7 +86,7 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
   m.doc() = "kiln //ops/gemm:mm launcher (mm_bf16, bmm_bf16) for one input dtype and backend";
   export_common(m);
   m.def("mm", &mm, py::kw_only(), py::arg("a"), py::arg("b"), py::arg("out"), py::arg("tactic") = -1,
-        py::arg("strict") = false, py::arg("blocked") = 0, py::arg("stream") = 0,
+        py::arg("strict") = false, py::arg("blocked") = 0, py::arg("pdl") = false, py::arg("stream") = 0,
         "out[.., i, j] = sum_k a[.., i, k] * b[.., k, j] (float32 accumulation); returns the tactic index run");
   m.def("mm_tactics", &mm_tactics, py::kw_only(), py::arg("a"), py::arg("b"), py::arg("out"),
         "(default tactic index, indices of every tactic that can run this call)");

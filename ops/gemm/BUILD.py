@@ -23,7 +23,8 @@ op_library(
 
 op_library(
     name="fp8",
-    doc="fp8 GEMM, per-tensor and groupwise (1 x 128 x 128) scales: bmm_fp8, gemm_fp8_nt_groupwise",
+    doc="fp8 GEMM, per-tensor and groupwise (1 x 128 x 128) scales: bmm_fp8, gemm_fp8_nt_groupwise, "
+    "gemm_fp8_nt_blockscaled",
     srcs=["gemm_cuda.cu", "fp8_sm90_tensor.cu", "fp8_sm90_group.cu", "fp8_fallback.cu", *SHARED],
     host_srcs=HOST,
     binding="bindings/gemm/fp8.cc",

@@ -10,6 +10,7 @@
 // Grouped: CTA tiles run over the rows of x; each CTA visits every segment overlapping its 64
 // rows (a linear scan of the bounds, check_segment: CTA (0, 0) records a bad segment in the
 // device's error record) and computes those rows with that segment's weight.
+// With ctx.pdl it waits for the kernel before it (pdl_wait) before reading anything.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,6 +19,7 @@
 
 #include "ops/common/cuda_utils.cuh"
 #include "ops/common/math.h"
+#include "ops/common/pdl.cuh"
 #include "ops/gemm/gemm.h"
 #include "ops/gemm/gemm_common.cuh"
 #include "ops/gemm/gemm_kernels.h"
@@ -45,6 +47,7 @@ __global__ void __launch_bounds__(256) gemm_fallback_kernel(const FallbackArgs f
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const int64_t m0 = int64_t(blockIdx.x) * BM, n0 = int64_t(blockIdx.y) * BN;
   const bool groupwise = p.scale_mode == ScaleMode::kGroupwise;
+  pdl_wait();  // every operand may belong to the kernel before this one on the stream (ctx.pdl)
   const float alpha = p.scale_mode == ScaleMode::kPerTensor ? p.a_scale[0] * p.b_scale[0] : 1.0f;
 
   // One pass over k for rows [row_lo, row_hi) of this CTA's tile with operands a, b.
@@ -131,8 +134,9 @@ Status launch_gemm_fallback(const FallbackArgs& f, LaunchContext ctx) {
                                 ", batch " + std::to_string(p.batch) + ")");
   }
   const dim3 grid(unsigned(gx), unsigned(gy), unsigned(f.grouped ? 1 : p.batch));
-  gemm_fallback_kernel<TA, TB><<<grid, kThreads, 0, static_cast<cudaStream_t>(ctx.stream)>>>(f);
-  return cuda_status(cudaGetLastError(), "gemm (fallback) kernel launch");
+  // With ctx.pdl the dependents launch when this grid exits (the kernel never signals earlier).
+  return cuda_status(kiln::launch(gemm_fallback_kernel<TA, TB>, grid, dim3(kThreads), 0, ctx, f),
+                     "gemm (fallback) kernel launch");
 }
 
 // The fallback partitions (gemm_kernels.h): a dense problem, and a grouped one as rows of x.

@@ -17,6 +17,8 @@
 //   (several slices in flight per thread, L2 only); warps of a CTA take interleaved slices
 //   (split-K) and add their partials in shared memory at the end. Requires K % 8 == 0 and
 //   16-byte aligned x and W rows.
+// Both write any output dtype (bf16, f16, f32: store_out, a run-time choice) and wait for the kernel
+// before them (pdl_wait, ops/common/pdl.cuh) before their first load when launched with ctx.pdl.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,6 +31,7 @@
 #include "ops/common/cuda_utils.cuh"
 #include "ops/common/math.h"
 #include "ops/common/mma.cuh"
+#include "ops/common/pdl.cuh"
 #include "ops/gemm/gemm.h"
 #include "ops/gemm/gemm_common.cuh"
 #include "ops/gemm/gemm_kernels.h"
@@ -143,6 +146,7 @@ __global__ void __launch_bounds__(128) gemm_sm80_kernel(const Sm80Args p) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
 
+  pdl_wait();  // A, B and out may belong to the kernel before this one on the stream (ctx.pdl)
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
     if (st < kt_count) load_stage(st, st);
@@ -183,6 +187,7 @@ __global__ void __launch_bounds__(128) gemm_sm80_kernel(const Sm80Args p) {
     }
   }
   cp_async_wait<0>();
+  pdl_launch_dependents();  // every load of this CTA has landed
 
   void* out = static_cast<uint8_t*>(p.out) + blockIdx.z * p.o_bs * dtype_bytes(p.out_dtype);
 #pragma unroll
@@ -225,8 +230,7 @@ Status launch_gemm_sm80(const GemmParams& p, LaunchContext ctx) {
   a.pair_store = reinterpret_cast<uintptr_t>(p.out) % (2 * eo) == 0 && p.ldo % 2 == 0 &&
                  (p.batch == 1 || p.out_batch_stride % 2 == 0);
   const dim3 grid(unsigned(ceil_div<int64_t>(p.m, BM)), unsigned(ceil_div<int64_t>(p.n, BN)), unsigned(p.batch));
-  kernel<<<grid, kThreads, smem, static_cast<cudaStream_t>(ctx.stream)>>>(a);
-  return cuda_status(cudaGetLastError(), "gemm (sm80) kernel launch");
+  return cuda_status(kiln::launch(kernel, grid, dim3(kThreads), smem, ctx, a), "gemm (sm80) kernel launch");
 }
 
 // ---- small M -----------------------------------------------------------------------------------
@@ -310,6 +314,10 @@ __global__ void __launch_bounds__(WK * 32) gemm_small_m_kernel(const SmallMArgs 
       src[2 * R + j] = X + (r < p.m ? r : 0) * p.ldx + first + 8 * CPT * t4;
     }
   };
+  pdl_wait();  // x, W and out may belong to the kernel before this one on the stream (ctx.pdl)
+  // The next kernel may launch now: it waits for this grid to complete before reading anything,
+  // and every CTA of this persistent grid is already resident.
+  pdl_launch_dependents();
   if (total > 0) point(0);
   auto issue = [&] {
     const int64_t off = int64_t(isl) * WK * SK;  // from the thread's first chunk
@@ -435,8 +443,8 @@ Status launch_gemm_small_m(const GemmParams& p, LaunchContext ctx) {
                p.out_dtype, p.batch};
   const int64_t blocks = ceil_div<int64_t>(p.n, 16 * R) * p.batch;
   const int64_t grid = std::min<int64_t>(blocks, small_m_resident<T, MT, R, WK>(device));
-  kernel<<<unsigned(grid), WK * 32, Sh::kSmemBytes, static_cast<cudaStream_t>(ctx.stream)>>>(a);
-  return cuda_status(cudaGetLastError(), "gemm (small m) kernel launch");
+  return cuda_status(kiln::launch(kernel, dim3(unsigned(grid)), dim3(WK * 32), Sh::kSmemBytes, ctx, a),
+                     "gemm (small m) kernel launch");
 }
 
 // ---- the partitions of gemm_kernels.h: a tactic's shape -> one instantiation -----------------

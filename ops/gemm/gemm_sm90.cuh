@@ -26,6 +26,9 @@
 //     index only grows, so the scan resumes where it stopped). A's rows past a segment's end
 //     belong to the next segment or are TMA zero-fill: computed, never stored.
 // M/N/K tails: TMA zero-fills out-of-bounds boxes (K sums over zeros); stores are clipped.
+// Programmatic dependent launch (ctx.pdl, ops/common/pdl.cuh): every thread waits (pdl_wait) after
+//   the barrier set-up, before the producer's first TMA load and the consumers' first scale or
+//   segment read, and lets the next kernel be scheduled right away (the grid is resident whole).
 // Requirements (gemm_tactics.cc, unsupported()): 16-byte aligned a, b, out; row and batch strides
 // multiples of 16 bytes; fp8 needs a K-major B; groupwise needs BN = 128 and k % 128 == 0.
 #pragma once
@@ -39,6 +42,7 @@
 
 #include "ops/common/cuda_utils.cuh"
 #include "ops/common/math.h"
+#include "ops/common/pdl.cuh"
 #include "ops/common/sm90.cuh"
 #include "ops/common/tma_host.h"
 #include "ops/gemm/gemm.h"
@@ -210,6 +214,13 @@ __global__ void __launch_bounds__(384, 1)
   } else {
     __syncthreads();
   }
+  // Programmatic dependent launch: the prologue above touched shared memory only; A, B, the
+  // scales, the segment bounds and out may belong to the kernel before this one on the stream
+  // (a no-op unless launched with the attribute: ctx.pdl). The persistent grid is resident whole,
+  // so the next kernel may be scheduled at once: it starts on the SMs this grid's CTAs leave and
+  // waits (its own pdl_wait) for this grid to complete.
+  pdl_wait();
+  pdl_launch_dependents();
 
   // The tile sequence of this CTA (the same for producer and consumers).
   SegmentCursor cursor;
@@ -541,14 +552,19 @@ Status launch(const Sm90Args& args, const CUtensorMap& ta, const CUtensorMap& tb
   const int64_t want = C::GROUPED ? resident : std::min<int64_t>(tiles * C::CLUSTER, resident);
   if (want <= 0) return Status::Ok();
   cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr{};
+  cudaLaunchAttribute attr[2]{};
   cfg.gridDim = dim3(unsigned(want)), cfg.blockDim = dim3(C::kThreads);
   cfg.dynamicSmemBytes = C::kSmemBytes;
   cfg.stream = static_cast<cudaStream_t>(ctx.stream);
+  cfg.attrs = attr;
   if constexpr (C::CLUSTER > 1) {
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = C::CLUSTER, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr, cfg.numAttrs = 1;
+    attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+    attr[cfg.numAttrs].val.clusterDim.x = C::CLUSTER, attr[cfg.numAttrs].val.clusterDim.y = 1;
+    attr[cfg.numAttrs++].val.clusterDim.z = 1;
+  }
+  if (ctx.pdl) {  // the kernel waits (pdl_wait) before its first global access
+    attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
   }
   return cuda_status(cudaLaunchKernelEx(&cfg, kernel, args, ta, tb, tout), "gemm (sm90) kernel launch");
 }

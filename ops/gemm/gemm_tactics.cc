@@ -27,10 +27,10 @@ bool is16(DType t) {
   return t == DType::kBF16 || t == DType::kF16;
 }
 
-// Output dtypes a kernel writes for an input dtype: 16-bit -> itself or f32; fp8 -> any.
-bool out_ok(DType in, DType out) {
-  if (is_fp8(in)) return out == DType::kBF16 || out == DType::kF16 || out == DType::kF32;
-  return out == in || out == DType::kF32;
+// Output dtypes the kernels write, for any input dtype: bf16, f16 or f32 (the sm90 16-bit kernels
+// only the input's or f32: unsupported()).
+bool out_ok(DType out) {
+  return out == DType::kBF16 || out == DType::kF16 || out == DType::kF32;
 }
 
 // Largest dynamic shared memory of one CTA per arch (bytes): 9.0 / 10.x 227 KB, 8.0 163 KB,
@@ -97,9 +97,8 @@ std::string invalid(const GemmParams& p) {
     return std::string("unsupported input dtypes a ") + dtype_name(p.a_dtype) + ", b " + dtype_name(p.b_dtype) +
            " (bf16 x bf16, f16 x f16, or fp8 e4m3/e5m2 x e4m3/e5m2)";
   }
-  if (!out_ok(p.a_dtype, p.out_dtype)) {
-    return std::string("out dtype ") + dtype_name(p.out_dtype) + " is not supported for " + dtype_name(p.a_dtype) +
-           " inputs (16-bit: the input dtype or f32; fp8: bf16, f16 or f32)";
+  if (!out_ok(p.out_dtype)) {
+    return std::string("out dtype ") + dtype_name(p.out_dtype) + " is not supported (bf16, f16 or f32)";
   }
   if (is_fp8(p.a_dtype) == (p.scale_mode == ScaleMode::kNone)) {
     return is_fp8(p.a_dtype) ? "fp8 inputs need scales (per-tensor or groupwise)" : "scales are only for fp8 inputs";
@@ -127,9 +126,9 @@ std::string invalid(const GroupedGemmParams& p) {
   if (!is16(p.a_dtype) && p.a_dtype != DType::kE4M3) {
     return std::string("grouped GEMM takes bf16, f16 or e4m3 inputs, got ") + dtype_name(p.a_dtype);
   }
-  if (!out_ok(p.a_dtype, p.out_dtype) || (is_fp8(p.a_dtype) && p.out_dtype == DType::kF32)) {
+  if (!out_ok(p.out_dtype) || (is_fp8(p.a_dtype) && p.out_dtype == DType::kF32)) {
     return std::string("out dtype ") + dtype_name(p.out_dtype) + " is not supported for " + dtype_name(p.a_dtype) +
-           " (16-bit: the input dtype or f32; e4m3: bf16 or f16)";
+           " (16-bit: bf16, f16 or f32; e4m3: bf16 or f16)";
   }
   if (is_fp8(p.a_dtype) != (p.scale_mode == ScaleMode::kGroupwise) || p.scale_mode == ScaleMode::kPerTensor) {
     return is_fp8(p.a_dtype) ? "fp8 grouped GEMM needs groupwise scales" : "scales are only for fp8 inputs";
@@ -163,6 +162,9 @@ std::string unsupported(const GemmParams& p, const Tactic& t, int arch) {
       });
       if (t.tile_m != 128 || !shape_listed || (t.cluster_m != 1 && t.cluster_m != 2)) return "not an sm90 tactic";
       if (t.tile_k * ea != 128) return "tile_k must be 128 bytes of the input dtype (" + str(128 / ea) + ")";
+      if (is16(p.a_dtype) && is16(p.out_dtype) && p.out_dtype != p.a_dtype) {
+        return "the sm90 16-bit kernels write the input dtype or f32";  // the others convert any
+      }
       if (is_fp8(p.a_dtype)) {
         if (!kmajor) return "fp8 needs a K-major (column-major) b";
         if (p.b_dtype != DType::kE4M3 || p.out_dtype == DType::kF32) {

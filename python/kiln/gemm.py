@@ -1,17 +1,20 @@
 """GEMM (//ops/gemm:mm, :fp8, :grouped, :fp8_grouped) with FlashInfer's and torch's names and argument order:
 
-    mm_bf16(a, b, bias=None, pdl=False, out=None, out_dtype=None)         out = a @ b
-    bmm_bf16(A, B, out=None, out_dtype=None)                              out[i] = A[i] @ B[i]
-    bmm_fp8(A, B, A_scale, B_scale, dtype, out=None)                      out[i] = A_scale B_scale A[i] @ B[i]
-    gemm_fp8_nt_groupwise(a, b, a_scale, b_scale, scale_major_mode="MN", mma_sm=1,
-                          scale_granularity_mnk=(1, 128, 128), out=None, out_dtype=torch.bfloat16)
-    SegmentGEMMWrapper(float_workspace_buffer).run(x, weights, batch_size, weight_column_major,
-                          out=None, seg_lens=None, seg_indptr=None, weight_indices=None)
+    mm_bf16(a, b, bias=None, pdl=False, out=None, out_dtype=None, backend="cudnn")
+                                                                          out = a @ b (+ bias)
+    bmm_bf16(A, B, out=None, out_dtype=None, backend="cudnn")             out[i] = A[i] @ B[i]
+    bmm_fp8(A, B, A_scale, B_scale, dtype, out=None, backend="cublas")    out[i] = A_scale B_scale A[i] @ B[i]
+    gemm_fp8_nt_groupwise(a, b, a_scale, b_scale, scale_major_mode=None, mma_sm=1,
+                          scale_granularity_mnk=(1, 128, 128), out=None, out_dtype=None, backend="cutlass")
+    gemm_fp8_nt_blockscaled(a, b, a_scale, b_scale, scale_major_mode="MN", mma_sm=1, out=None,
+                          out_dtype=None)                                 both operands per 128 x 128 block
+    SegmentGEMMWrapper(float_workspace_buffer, backend="auto").run(x, weights, batch_size,
+                          weight_column_major, out=None, seg_lens=None, seg_indptr=None, weight_indices=None)
     grouped_mm(a, b, offs, bias=None, out_dtype=None, out=None, backend="auto")
                                                                           torch._grouped_mm, 2-D x 3-D
     group_gemm_fp8_nt_groupwise(a, b, a_scale, b_scale, m_indptr, scale_granularity_mnk=(1, 128, 128),
-                          scale_major_mode="MN", mma_sm=1, out=None, out_dtype=None)
-                                                                          grouped fp8, MoE experts
+                          scale_major_mode="MN", mma_sm=1, out=None, out_dtype=None, backend="trtllm",
+                          segment_alignment=1)                            grouped fp8, MoE experts
 
 Every M, N, K works (odd sizes, unaligned views: the fallback kernel); accumulation is float32.
 docs/gemm.md has the shapes, layouts, what each refuses and why, the kernels and the autotuner.
@@ -22,6 +25,14 @@ implementation, so torch.compile(fullgraph=True) traces through and CUDA graphs 
 eager mode the launcher is called directly. The tactic (kernel and tile) of each call comes from
 kiln.autotune when it tuned one, else from the default heuristic (ops/gemm/gemm_tactics.cc);
 blocklisted tactics never run (kiln/autotuner.py). CPU tensors run the host backend.
+
+Backends. Every backend name FlashInfer 0.7.2 has for an API is accepted and runs kiln's kernels of
+that API's target (the default heuristic or kiln.autotune picks the kernel per call; docs/gemm.md
+has the table); a call FlashInfer refuses for a backend name (CUTLASS with a bias, cuTile with
+MN-major scales, ...) is refused here with FlashInfer's reason, and a name FlashInfer does not have
+is a ValueError listing the accepted ones. The APIs FlashInfer decorates with @backend_requirement
+answer is_compute_capability_supported(cc) / is_backend_supported(backend, cc) from kiln's build
+graph (kiln/_support.py). mm_bf16's pdl=True launches with programmatic dependent launch on sm90+.
 
 grouped_mm also has a Triton kernel (ops/gemm/grouped_triton.py, the triton toolchain, launched
 through the CUDA driver: kiln::grouped_gemm_triton), chosen with backend="triton"; backend="auto"
@@ -38,9 +49,11 @@ from kiln.runtime import env
 
 from . import _jit, autotuner, errors
 from ._ops import custom_op
+from ._support import backend_requirement, check_backend
 from .api_logging import logged_api
 from .trace import gemm as gemm_traces
 from .trace import traced
+from .utils import use_pdl
 
 MM = "//ops/gemm:mm"
 FP8 = "//ops/gemm:fp8"
@@ -50,6 +63,19 @@ _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _16BIT = (torch.bfloat16, torch.float16)
 _INDEX = (torch.int32, torch.int64)
 SCALE_GRANULARITY = (1, 128, 128)  # the one groupwise granularity kiln's kernels implement
+BLOCK_GRANULARITY = (128, 128, 128)  # gemm_fp8_nt_blockscaled: a's scales expanded per row
+# FlashInfer 0.7.2's backend names of each API (its @backend_requirement tables, "auto" apart).
+# Every name runs kiln's kernels of the API's target: the tactic comes from the default heuristic
+# or kiln.autotune, whatever the name (docs/gemm.md, "Backends").
+MM_BF16_BACKENDS = ("cudnn", "cutlass", "tgv", "cublaslt", "tinygemm", "cutile", "cute-dsl")
+BMM_BF16_BACKENDS = ("cutlass", "cudnn", "cutile", "tgv", "cake")
+BMM_FP8_BACKENDS = ("cudnn", "cublas", "cutlass", "cute-dsl")
+GEMM_FP8_NT_GROUPWISE_BACKENDS = ("cutlass", "trtllm", "cutile")
+GROUP_GEMM_FP8_BACKENDS = ("trtllm", "cutile")  # FlashInfer declares no backend choices for it
+SEGMENT_GEMM_BACKENDS = ("auto", "sm80", "sm90")
+_MM_ACCEPTED = (*MM_BF16_BACKENDS, "auto")
+_BMM_ACCEPTED = (*BMM_BF16_BACKENDS, "auto")
+_FP8_ACCEPTED = (*BMM_FP8_BACKENDS, "auto")
 _SHORT = {
     torch.bfloat16: "bf16",
     torch.float16: "f16",
@@ -99,11 +125,37 @@ def _out(api: str, out, shape: tuple[int, ...], dtype: torch.dtype, ref: torch.T
 
 def _dense_out_dtype(api: str, a: torch.Tensor, out, out_dtype) -> torch.dtype:
     dtype = out_dtype if out_dtype is not None else (out.dtype if isinstance(out, torch.Tensor) else a.dtype)
-    if dtype not in (a.dtype, torch.float32):
+    if dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise TypeError(
-            f"{api}: the output dtype must be the inputs' ({a.dtype}) or torch.float32, got {dtype}"
+            f"{api}: the output dtype must be torch.bfloat16, torch.float16 or torch.float32, got {dtype}"
         )
     return dtype
+
+
+def _backend_refuses(api: str, backend: str, why: str) -> ValueError:
+    return ValueError(
+        f"{api}: FlashInfer's {backend!r} backend {why}; kiln keeps its contract (pass "
+        "another backend name: every one runs kiln's kernels)"
+    )
+
+
+# FlashInfer's refusals, per backend name, of mm_bf16 calls (its @backend_requirement checkers):
+# (bias given, pdl, output dtype) -> why, or None. kiln's kernels could run these calls; a program
+# written for FlashInfer never makes them, and the names keep their meaning.
+def _mm_refusal(backend: str, bias, pdl: bool, dtype: torch.dtype) -> str | None:
+    if backend == "cutlass" and (bias is not None or pdl):
+        return "takes no bias and no pdl (FlashInfer: use the TGV backend)"
+    if backend == "cublaslt" and pdl:
+        return "does not support PDL"
+    if backend == "cublaslt" and bias is not None and dtype != torch.bfloat16:
+        return "fuses a bias only with a bfloat16 output"
+    if backend == "cutile" and bias is not None:
+        return "ignores `bias`; pass bias=None"
+    if backend == "cutile" and pdl:
+        return "ignores `pdl`; pass pdl=False"
+    if backend in ("tgv", "tinygemm", "cute-dsl") and dtype != torch.bfloat16:
+        return f"writes a bfloat16 output only, got {dtype}"
+    return None
 
 
 def _layout(t: torch.Tensor) -> str:
@@ -130,7 +182,8 @@ def _launch_tuned(mod, op: str, fn: str, shape, device: torch.device, args: dict
 
 
 @custom_op("mm", mutates=("out",))
-def _mm_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+def _mm_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, pdl: bool) -> None:
+    """pdl: launch with programmatic dependent launch (resolved by the API: kiln.utils.use_pdl)."""
     device = a.device
     mod = _jit.module(MM, device, "kiln.mm_bf16", dtype=a.dtype, names={"dtype": "a.dtype"})
     dl = _jit.dl
@@ -143,7 +196,7 @@ def _mm_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
             f"{_SHORT[a.dtype]} b:{_layout(b)} out:{_SHORT[out.dtype]}"
         )
 
-    _launch_tuned(mod, "mm", "mm", shape, device, args)
+    _launch_tuned(mod, "mm", "mm", shape, device, args, pdl=pdl)
 
 
 def _dense(api: str, a, b, a_name: str, b_name: str, ndim: int) -> None:
@@ -165,6 +218,17 @@ def _dense(api: str, a, b, a_name: str, b_name: str, ndim: int) -> None:
     _k_matches(api, b_name, ndim - 2, a_name, a, b)
 
 
+def _bias(api: str, bias, a: torch.Tensor, n: int) -> torch.Tensor:
+    _tensor(api, "bias", bias, 1)
+    if bias.dtype != a.dtype:
+        raise TypeError(f"{api}: bias.dtype must be a's ({a.dtype}), got {bias.dtype}")
+    if bias.shape[0] != n:
+        raise ValueError(f"{api}: bias must have shape [n] = [{n}], got {list(bias.shape)}")
+    _same_device(api, "a", a, bias=bias)
+    return bias
+
+
+@backend_requirement(MM, MM_BF16_BACKENDS)
 @logged_api(mutates=("out",))
 @traced(gemm_traces.MM_BF16)
 def mm_bf16(
@@ -174,39 +238,70 @@ def mm_bf16(
     pdl: bool = False,
     out: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    backend: str = "cudnn",
+    *,
+    skip_check: bool = False,
 ) -> torch.Tensor:
-    """Dense GEMM, float32 accumulation.
+    """Dense GEMM, float32 accumulation, optionally plus a bias (FlashInfer's mm_bf16).
 
-    ``out[i, j] = sum_k a[i, k] * b[k, j]``
+    ``out[i, j] = sum_k a[i, k] * b[k, j] (+ bias[j])``
 
     Args:
         a: ``[m, k]``, bfloat16 or float16, row-major (any row stride).
         b: ``[k, n]``, a's dtype: column-major (``w.t()`` of an ``[n, k]`` weight, as linear layers
             hold them) or row-major.
-        bias: must be None (kiln applies no bias; add it to the output).
-        pdl: accepted for FlashInfer compatibility; no effect.
+        bias: optional ``[n]`` of a's dtype, added to the product after the GEMM (one elementwise
+            pass over out, rounded in out's dtype; not fused into the kernel).
+        pdl: programmatic dependent launch: on sm90+ GPUs the kernel is launched so that it may
+            start while the kernel before it on the stream finishes (it waits for that kernel's
+            results before reading anything); ignored on CPU tensors and older GPUs.
         out: optional ``[m, n]`` output, row-major (any row stride), of the output dtype.
-        out_dtype: a's dtype (default) or torch.float32.
+        out_dtype: a's dtype (default), the other 16-bit dtype or torch.float32 (a bfloat16 ->
+            float16 product runs the mma.sync kernels: the sm90 ones write the input dtype or
+            float32 only).
+        backend: one of FlashInfer's names ("cudnn", the default, "cutlass", "tgv", "cublaslt",
+            "tinygemm", "cutile", "cute-dsl", "auto"); each runs kiln's kernels, chosen per call
+            by the default heuristic or kiln.autotune. A call FlashInfer refuses for the name
+            (CUTLASS or cuTile with a bias or pdl, cuBLASLt with pdl, TGV / TinyGEMM / CuTe-DSL with
+            a non-bfloat16 output) is a ValueError with FlashInfer's reason.
+        skip_check: accepted for FlashInfer compatibility; kiln always checks its arguments (the
+            checks keep every call memory-safe).
 
     Returns:
         ``out`` (a new ``[m, n]`` tensor when not given).
     """
     api = "kiln.mm_bf16"
     _dense(api, a, b, "a", "b", 2)
-    if bias is not None:
-        raise ValueError(f"{api}: bias is not supported; add it to the output (out += bias)")
     dtype = _dense_out_dtype(api, a, out, out_dtype)
+    if backend != "cudnn":
+        check_backend(api, backend, _MM_ACCEPTED)
+        why = _mm_refusal(backend, bias, pdl, dtype)
+        if why is not None:
+            raise _backend_refuses(api, backend, why)
+    if pdl is not False and pdl is not True and pdl is not None:
+        raise TypeError(f"{api}: pdl must be a bool, got {type(pdl).__name__}")
+    if bias is not None:
+        _bias(api, bias, a, b.shape[1])
     out = _out(api, out, (a.shape[0], b.shape[1]), dtype, a)
-    _mm_op(out, a, b)
+    _mm_op(out, a, b, pdl is not False and use_pdl(pdl, a.device))
+    if bias is not None:
+        out.add_(bias)
     return out
 
 
+@backend_requirement(MM, BMM_BF16_BACKENDS)
 @logged_api(mutates=("out",))
 @traced(gemm_traces.BMM_BF16)
 def bmm_bf16(
-    A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None, out_dtype: torch.dtype | None = None
+    A: torch.Tensor,
+    B: torch.Tensor,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    backend: str = "cudnn",
+    *,
+    skip_check: bool = False,
 ) -> torch.Tensor:
-    """Batched dense GEMM, float32 accumulation.
+    """Batched dense GEMM, float32 accumulation (FlashInfer's bmm_bf16).
 
     ``out[b, i, j] = sum_k A[b, i, k] * B[b, k, j]``
 
@@ -215,13 +310,21 @@ def bmm_bf16(
         B: ``[batch, k, n]``, A's dtype, column-major (the transpose view of ``[batch, n, k]``) or
             row-major; any batch strides.
         out: optional ``[batch, m, n]`` output, row-major in its last two dimensions.
-        out_dtype: A's dtype (default) or torch.float32.
+        out_dtype: A's dtype (default), the other 16-bit dtype or torch.float32.
+        backend: one of FlashInfer's names ("cudnn", the default, "cutlass", "cutile", "tgv",
+            "cake", "auto"); each runs kiln's kernels. "tgv" refuses a non-bfloat16 output, as
+            FlashInfer's does.
+        skip_check: accepted for FlashInfer compatibility; kiln always checks its arguments.
     """
     api = "kiln.bmm_bf16"
     _dense(api, A, B, "A", "B", 3)
     dtype = _dense_out_dtype(api, A, out, out_dtype)
+    if backend != "cudnn":
+        check_backend(api, backend, _BMM_ACCEPTED)
+        if backend == "tgv" and dtype != torch.bfloat16:
+            raise _backend_refuses(api, backend, f"writes a bfloat16 output only, got {dtype}")
     out = _out(api, out, (A.shape[0], A.shape[1], B.shape[2]), dtype, A)
-    _mm_op(out, A, B)
+    _mm_op(out, A, B, False)
     return out
 
 
@@ -300,6 +403,22 @@ def _scale(api: str, name: str, t, ref: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _tensor_scale(api: str, name: str, t, ref: torch.Tensor) -> None:
+    """A per-tensor scale: one float32 on ref's device (FlashInfer's words in each error)."""
+    _tensor(api, name, t)
+    if t.numel() != 1:
+        raise ValueError(
+            f"{api}: {name} must contain exactly one element (a per-tensor float32 scale), got shape "
+            f"{list(t.shape)}"
+        )
+    if t.dtype != torch.float32:
+        raise ValueError(f"{api}: {name} must have dtype torch.float32, got {t.dtype}")
+    if t.device != ref.device:
+        kind = "CUDA" if ref.device.type == "cuda" else ref.device.type.upper()
+        raise ValueError(f"{api}: {name} must be a {kind} tensor on {ref.device} (A's), got {t.device}")
+
+
+@backend_requirement(FP8, BMM_FP8_BACKENDS)
 @logged_api(mutates=("out",))
 @traced(gemm_traces.BMM_FP8)
 def bmm_fp8(
@@ -309,6 +428,9 @@ def bmm_fp8(
     B_scale: torch.Tensor,
     dtype: torch.dtype,
     out: torch.Tensor | None = None,
+    backend: str = "cublas",
+    *,
+    skip_check: bool = False,
 ) -> torch.Tensor:
     """Batched fp8 GEMM with per-tensor scales, float32 accumulation (FlashInfer's bmm_fp8).
 
@@ -322,11 +444,20 @@ def bmm_fp8(
         A_scale, B_scale: float32 tensors of one element (dequantization scales).
         dtype: the output dtype, torch.bfloat16 or torch.float16.
         out: optional ``[batch, m, n]`` output of ``dtype``.
+        backend: one of FlashInfer's names ("cublas", the default, "cudnn", "cutlass", "cute-dsl",
+            "auto"); each runs kiln's kernels. "cutlass" refuses e5m2 operands, as FlashInfer's does.
+        skip_check: accepted for FlashInfer compatibility; kiln always checks its arguments.
     """
     api = "kiln.bmm_fp8"
     _tensor(api, "A", A, 3)
     _tensor(api, "B", B, 3)
     _fp8_pair(api, A, B, "A", "B")
+    _tensor_scale(api, "A_scale", A_scale, A)
+    _tensor_scale(api, "B_scale", B_scale, A)
+    if backend != "cublas":
+        check_backend(api, backend, _FP8_ACCEPTED)
+        if backend == "cutlass" and torch.float8_e5m2 in (A.dtype, B.dtype):
+            raise _backend_refuses(api, backend, "does not support e5m2 for bmm_fp8")
     if B.shape[0] != A.shape[0]:
         raise ValueError(
             f"{api}: B.shape[0] must equal A.shape[0] (the batch, {A.shape[0]}), got {B.shape[0]}"
@@ -340,18 +471,42 @@ def bmm_fp8(
         )
     if dtype not in _16BIT:
         raise TypeError(f"{api}: dtype must be torch.bfloat16 or torch.float16, got {dtype}")
-    _scale(api, "A_scale", A_scale, A)
-    _scale(api, "B_scale", B_scale, A)
-    for name, s in (("A_scale", A_scale), ("B_scale", B_scale)):
-        if s.numel() != 1:
-            raise ValueError(
-                f"{api}: {name} must hold one float32 (a per-tensor scale), got shape {list(s.shape)}"
-            )
     out = _out(api, out, (A.shape[0], A.shape[1], B.shape[2]), dtype, A)
     _fp8_op(out, A, B, A_scale, B_scale, "tensor")
     return out
 
 
+def _trtllm_scales(api: str, a_scale, b_scale, m: int, n: int, k: int):
+    """gemm_fp8_nt_groupwise(backend="trtllm")'s scales as the "K" mode reads them. FlashInfer's
+    TensorRT-LLM kernel reads a_scale m-major (element (i, kb) at i + kb * m: a [k / 128, m] tensor
+    or its [m, k / 128] transpose view) and b_scale k-major (element (jb, kb) at jb * (k / 128) + kb:
+    [ceil(n / 128), k / 128], or its transpose view), whatever scale_major_mode says. A square
+    scale (m or ceil(n / 128) equal to k / 128) is told apart by which dimension has stride 1."""
+    kb, nb = k // SCALE_GRANULARITY[2], -(-n // SCALE_GRANULARITY[1])
+    for t, name in ((a_scale, "a_scale"), (b_scale, "b_scale")):
+        _tensor(api, name, t, 2)
+    if tuple(a_scale.shape) == (m, kb) and (m != kb or a_scale.stride(0) == 1 or m == 1):
+        sa = a_scale
+    elif tuple(a_scale.shape) == (kb, m):
+        sa = a_scale.t()
+    else:
+        raise ValueError(
+            f"{api}: backend 'trtllm' takes a_scale [k / 128, m] = [{kb}, {m}] (or its transpose view), "
+            f"got shape {list(a_scale.shape)}"
+        )
+    if tuple(b_scale.shape) == (nb, kb) and (nb != kb or b_scale.stride(1) == 1 or kb == 1):
+        sb = b_scale
+    elif tuple(b_scale.shape) == (kb, nb):
+        sb = b_scale.t()
+    else:
+        raise ValueError(
+            f"{api}: backend 'trtllm' takes b_scale [ceil(n / 128), k / 128] = [{nb}, {kb}] (or its "
+            f"transpose view), got shape {list(b_scale.shape)}"
+        )
+    return sa, sb
+
+
+@backend_requirement(FP8, GEMM_FP8_NT_GROUPWISE_BACKENDS)
 @logged_api(mutates=("out",))
 @traced(gemm_traces.GEMM_FP8_NT_GROUPWISE)
 def gemm_fp8_nt_groupwise(
@@ -359,11 +514,14 @@ def gemm_fp8_nt_groupwise(
     b: torch.Tensor,
     a_scale: torch.Tensor,
     b_scale: torch.Tensor,
-    scale_major_mode: str = "MN",
+    scale_major_mode: str | None = None,
     mma_sm: int = 1,
     scale_granularity_mnk: tuple[int, int, int] = SCALE_GRANULARITY,
     out: torch.Tensor | None = None,
-    out_dtype: torch.dtype = torch.bfloat16,
+    out_dtype: torch.dtype | None = None,
+    backend: str = "cutlass",
+    *,
+    skip_check: bool = False,
 ) -> torch.Tensor:
     """fp8 GEMM with DeepSeek-V3 groupwise scales, float32 accumulation (FlashInfer's name).
 
@@ -376,42 +534,148 @@ def gemm_fp8_nt_groupwise(
             scale_major_mode "MN", ``[m, k / 128]`` for "K" (either stride order).
         b_scale: float32, one per 128 x 128 block: ``[k / 128, ceil(n / 128)]`` ("MN") or
             ``[ceil(n / 128), k / 128]`` ("K").
-        scale_major_mode: "MN" (FlashInfer's default) or "K".
+        scale_major_mode: "MN", "K", or None: "MN" for the cutlass backend (FlashInfer's cutlass
+            requires the mode; kiln takes None as "MN"), "K" for cutile; ignored by trtllm.
         mma_sm: 1 or 2, accepted for FlashInfer compatibility; no effect (kiln's cluster shape is a
             tactic: the default heuristic or kiln.autotune picks it).
-        scale_granularity_mnk: (1, 128, 128), the only granularity supported.
+        scale_granularity_mnk: (1, 128, 128), or (128, 128, 128) (a_scale per 128 x 128 block of
+            a as gemm_fp8_nt_blockscaled takes it; the cutlass backend only, as FlashInfer's).
         out: optional ``[m, n]`` output; its dtype wins over out_dtype.
-        out_dtype: torch.bfloat16 (default) or torch.float16.
+        out_dtype: torch.bfloat16 (None, the default) or torch.float16.
+        backend: FlashInfer's names, each running kiln's kernels: "cutlass" (the default; the
+            scales as scale_major_mode says), "trtllm" (the scales as FlashInfer's TensorRT-LLM
+            kernel reads them: a_scale m-major ``[k / 128, m]``, b_scale k-major
+            ``[ceil(n / 128), k / 128]``, or either's transpose view; scale_major_mode ignored;
+            k >= 256, as FlashInfer's), "cutile" (scale_major_mode "K" or None only: FlashInfer's
+            cuTile refuses "MN").
+        skip_check: accepted for FlashInfer compatibility; kiln always checks its arguments.
     """
-    api = "kiln.gemm_fp8_nt_groupwise"
+    return _groupwise(
+        "kiln.gemm_fp8_nt_groupwise",
+        a,
+        b,
+        a_scale,
+        b_scale,
+        scale_major_mode,
+        mma_sm,
+        scale_granularity_mnk,
+        out,
+        out_dtype,
+        backend,
+    )
+
+
+@backend_requirement(FP8)  # no backend choices, as FlashInfer's @backend_requirement({}, ...)
+@logged_api(mutates=("out",))
+@traced(gemm_traces.GEMM_FP8_NT_BLOCKSCALED)
+def gemm_fp8_nt_blockscaled(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    scale_major_mode: str | None = "MN",
+    mma_sm: int = 1,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    *,
+    skip_check: bool = False,
+) -> torch.Tensor:
+    """fp8 GEMM with 128 x 128 block scales on both operands, float32 accumulation (FlashInfer's
+    gemm_fp8_nt_groupwise with scale_granularity_mnk (128, 128, 128)).
+
+    ``out[i, j] = sum_kb a_scale(i // 128, kb) * b_scale(j // 128, kb) * (a[i, kb] . b[j, kb])``, the
+    dot product over the 128-wide k block kb
+
+    Args:
+        a: ``[m, k]``, float8_e4m3fn or float8_e5m2, row-major; k a multiple of 128.
+        b: ``[n, k]``, float8_e4m3fn (the fast kernels) or float8_e5m2, k contiguous.
+        a_scale: float32, one per 128 x 128 block of a: ``[k / 128, ceil(m / 128)]`` ("MN") or
+            ``[ceil(m / 128), k / 128]`` ("K"); expanded to one scale per row (a copy of
+            ``m * k / 128`` floats) for the 1 x 128 kernels of gemm_fp8_nt_groupwise.
+        b_scale: float32, one per 128 x 128 block of b, as for gemm_fp8_nt_groupwise.
+        scale_major_mode: "MN" (the default; None is "MN") or "K".
+        mma_sm: 1 or 2, accepted for FlashInfer compatibility; no effect.
+        out: optional ``[m, n]`` output; its dtype wins over out_dtype.
+        out_dtype: torch.bfloat16 (None, the default) or torch.float16.
+        skip_check: accepted for FlashInfer compatibility; kiln always checks its arguments.
+    """
+    return _groupwise(
+        "kiln.gemm_fp8_nt_blockscaled",
+        a,
+        b,
+        a_scale,
+        b_scale,
+        scale_major_mode,
+        mma_sm,
+        BLOCK_GRANULARITY,
+        out,
+        out_dtype,
+        "cutlass",
+    )
+
+
+def _rows_of_blocks(api: str, a_scale: torch.Tensor, m: int, kb: int, mode: str) -> torch.Tensor:
+    """a's 128 x 128 block scales as one scale per row (the 1 x 128 layout of the same mode)."""
+    mb = -(-m // SCALE_GRANULARITY[1])
+    want = (kb, mb) if mode == "MN" else (mb, kb)
+    if a_scale.dim() != 2 or tuple(a_scale.shape) != want:
+        shape = "[k / 128, ceil(m / 128)]" if mode == "MN" else "[ceil(m / 128), k / 128]"
+        raise ValueError(
+            f"{api}: a_scale must be {shape} = {list(want)} for scale_major_mode {mode!r} with 128 x 128 "
+            f"blocks of a, got shape {list(a_scale.shape)}"
+        )
+    dim = 1 if mode == "MN" else 0
+    return a_scale.repeat_interleave(SCALE_GRANULARITY[1], dim=dim).narrow(dim, 0, m)
+
+
+def _groupwise(
+    api, a, b, a_scale, b_scale, scale_major_mode, mma_sm, scale_granularity_mnk, out, out_dtype, backend
+) -> torch.Tensor:
+    """gemm_fp8_nt_groupwise and gemm_fp8_nt_blockscaled: the checks, then the launch."""
     _tensor(api, "a", a, 2)
     _tensor(api, "b", b, 2)
     _fp8_pair(api, a, b, "a", "b")
     _k_matches(api, "b", 1, "a", a, b)
-    if scale_major_mode not in ("MN", "K"):
-        raise ValueError(f"{api}: scale_major_mode must be 'MN' or 'K', got {scale_major_mode!r}")
+    if backend != "cutlass":
+        check_backend(api, backend, GEMM_FP8_NT_GROUPWISE_BACKENDS)
+    if backend == "cutile" and scale_major_mode not in (None, "K"):
+        raise _backend_refuses(api, backend, f"supports scale_major_mode='K' only, got {scale_major_mode!r}")
+    if backend != "trtllm" and scale_major_mode not in (None, "MN", "K"):
+        raise ValueError(f"{api}: scale_major_mode must be 'MN', 'K' or None, got {scale_major_mode!r}")
+    mode = scale_major_mode or ("K" if backend == "cutile" else "MN")
     if mma_sm not in (1, 2):
         raise ValueError(f"{api}: mma_sm must be 1 or 2, got {mma_sm!r}")
-    if tuple(scale_granularity_mnk) != SCALE_GRANULARITY:
+    granularity = tuple(scale_granularity_mnk)
+    if granularity not in (SCALE_GRANULARITY, BLOCK_GRANULARITY):
         raise ValueError(
-            f"{api}: scale_granularity_mnk {tuple(scale_granularity_mnk)} is not supported: kiln's "
-            f"groupwise kernels scale per {SCALE_GRANULARITY} blocks (DeepSeek-V3's) only"
+            f"{api}: scale_granularity_mnk {granularity} is not supported: kiln's groupwise kernels "
+            f"scale per {SCALE_GRANULARITY} blocks (DeepSeek-V3's), or {BLOCK_GRANULARITY} "
+            "(expanded to one scale per row)"
         )
+    if granularity == BLOCK_GRANULARITY and backend != "cutlass":
+        raise _backend_refuses(api, backend, f"supports scale_granularity_mnk {SCALE_GRANULARITY} only")
     k = a.shape[1]
     if k % SCALE_GRANULARITY[2]:
         raise ValueError(f"{api}: k (a.shape[1] = {k}) must be a multiple of 128 for groupwise scaling")
+    if backend == "trtllm" and k < 256:
+        raise _backend_refuses(api, backend, f"needs k >= 256 (a.shape[1] = {k})")
     if b.shape[0] > 1 and k > 1 and b.stride(1) != 1:
         raise ValueError(
             f"{api}: b must be [n, k] with k contiguous (stride 1), got strides {list(b.stride())}; "
             "call .contiguous() on it"
         )
-    dtype = out.dtype if isinstance(out, torch.Tensor) else out_dtype
+    dtype = out.dtype if isinstance(out, torch.Tensor) else (out_dtype or torch.bfloat16)
     if dtype not in _16BIT:
         raise TypeError(f"{api}: the output dtype must be torch.bfloat16 or torch.float16, got {dtype}")
     _scale(api, "a_scale", a_scale, a)
     _scale(api, "b_scale", b_scale, a)
+    if backend == "trtllm":
+        a_scale, b_scale = _trtllm_scales(api, a_scale, b_scale, a.shape[0], b.shape[0], k)
+        mode = "K"
+    if granularity == BLOCK_GRANULARITY:
+        a_scale = _rows_of_blocks(api, a_scale, a.shape[0], k // SCALE_GRANULARITY[2], mode)
     out = _out(api, out, (a.shape[0], b.shape[0]), dtype, a)
-    _fp8_op(out, a, b.t(), a_scale, b_scale, scale_major_mode)
+    _fp8_op(out, a, b.t(), a_scale, b_scale, mode)
     return out
 
 
@@ -467,14 +731,13 @@ class SegmentGEMMWrapper:
 
     def __init__(self, float_workspace_buffer: torch.Tensor, backend: str = "auto") -> None:
         """float_workspace_buffer: any tensor (FlashInfer's CUTLASS kernels use it; kiln's need no
-        workspace, it is kept for compatibility). backend: "auto", the only value (kiln picks its
-        kernel per call: the default heuristic or kiln.autotune)."""
+        workspace, it is kept for compatibility). backend: FlashInfer's "auto", "sm80" (its Ampere
+        CUTLASS kernel) or "sm90" (its Hopper one): each runs kiln's grouped kernels, chosen per
+        call (the sm90 kernel on a 9.0 GPU wherever its alignment rules hold, else the fallback;
+        the default heuristic or kiln.autotune)."""
         api = "kiln.SegmentGEMMWrapper"
         _tensor(api, "float_workspace_buffer", float_workspace_buffer)
-        if backend != "auto":
-            raise ValueError(
-                f"{api}: backend must be 'auto' (kiln's kernel is chosen per call), got {backend!r}"
-            )
+        check_backend(api, backend, SEGMENT_GEMM_BACKENDS)
         self._float_workspace_buffer = float_workspace_buffer
         self.backend = backend
 
@@ -914,6 +1177,7 @@ def _group_fp8(api: str, a, b, a_scale, b_scale, bounds, bounds_are_ends: bool, 
     return out
 
 
+@backend_requirement(FP8_GROUPED)  # no backend choices, as FlashInfer's @backend_requirement({}, ...)
 @logged_api(mutates=("out",))
 @traced(gemm_traces.GROUP_GEMM_FP8_NT_GROUPWISE)
 def group_gemm_fp8_nt_groupwise(
@@ -927,6 +1191,10 @@ def group_gemm_fp8_nt_groupwise(
     mma_sm: int = 1,
     out: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    backend: str = "trtllm",
+    segment_alignment: int = 1,
+    *,
+    skip_check: bool = False,
 ) -> torch.Tensor:
     """Grouped fp8 GEMM with DeepSeek-V3 groupwise scales, float32 accumulation (FlashInfer's name and
     argument order; the MoE experts' GEMM). For each segment s, rows ``[m_indptr[s], m_indptr[s+1])``:
@@ -952,10 +1220,18 @@ def group_gemm_fp8_nt_groupwise(
         mma_sm: 1 or 2, accepted for FlashInfer compatibility; no effect.
         out: optional ``[cum_m, n]`` output; its dtype wins over out_dtype.
         out_dtype: torch.bfloat16 (default) or torch.float16.
+        backend: FlashInfer's "trtllm" (the default) or "cutile"; both run kiln's kernels.
+        segment_alignment: the row alignment the caller promises for every segment (>= 1;
+            FlashInfer's cuTile kernel uses it); kiln's kernels take any segments and ignore it.
+        skip_check: accepted for FlashInfer compatibility; kiln always checks its arguments.
     """
     api = "kiln.group_gemm_fp8_nt_groupwise"
     _tensor(api, "a", a, 2)
     _tensor(api, "b", b, 3)
+    if backend != "trtllm":
+        check_backend(api, backend, GROUP_GEMM_FP8_BACKENDS)
+    if isinstance(segment_alignment, bool) or not isinstance(segment_alignment, int) or segment_alignment < 1:
+        raise ValueError(f"{api}: segment_alignment must be an int >= 1, got {segment_alignment!r}")
     if mma_sm not in (1, 2):
         raise ValueError(f"{api}: mma_sm must be 1 or 2, got {mma_sm!r}")
     if tuple(scale_granularity_mnk) != SCALE_GRANULARITY:

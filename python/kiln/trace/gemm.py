@@ -56,6 +56,11 @@ QWEN3_30B_A3B = (
 )
 
 
+# The options every FlashInfer-named GEMM API has besides its workload.
+BACKEND_OPTION = "FlashInfer's backend names: each runs kiln's kernels (the tactic is chosen per call)"
+SKIP_CHECK_OPTION = "FlashInfer compatibility; kiln always checks"
+
+
 def operand(shape, k: int, gen: torch.Generator, device="cpu") -> torch.Tensor:
     """Standard normal / k^(1/4), in float32: two of them multiply to outputs ~N(0, 1). On a GPU the
     values are drawn there (a generator seeded from `gen`): the largest workloads hold ~0.6 G
@@ -115,7 +120,13 @@ MM_BF16 = TraceTemplate(
     },
     inputs={"a": Tensor(("m", "k")), "b": Tensor(("k", "n"), doc="column-major: w.t() of an [n, k] w")},
     outputs={"out": Tensor(("m", "n"))},
-    options={"bias": "not supported (None)", "pdl": "accepted, no effect", "out_dtype": "the workload dtype"},
+    options={
+        "bias": "an elementwise add after the GEMM, not part of the GEMM workload (None)",
+        "pdl": "programmatic dependent launch: how the kernel is launched, not the workload",
+        "out_dtype": "the workload dtype",
+        "backend": BACKEND_OPTION,
+        "skip_check": SKIP_CHECK_OPTION,
+    },
     make_inputs=mm_inputs,
     reference=mm_reference,
     tolerance=DENSE_TOLERANCE,
@@ -152,7 +163,7 @@ BMM_BF16 = TraceTemplate(
         "B": Tensor(("batch", "k", "n"), doc="column-major: the transpose view of [batch, n, k]"),
     },
     outputs={"out": Tensor(("batch", "m", "n"))},
-    options={"out_dtype": "the workload dtype"},
+    options={"out_dtype": "the workload dtype", "backend": BACKEND_OPTION, "skip_check": SKIP_CHECK_OPTION},
     make_inputs=bmm_inputs,
     reference=bmm_reference,
     tolerance=DENSE_TOLERANCE,
@@ -251,7 +262,7 @@ BMM_FP8 = TraceTemplate(
         "B_scale": Tensor(("1",), "float32"),
     },
     outputs={"out": Tensor(("batch", "m", "n"))},
-    options={"dtype": "the workload dtype"},
+    options={"dtype": "the workload dtype", "backend": BACKEND_OPTION, "skip_check": SKIP_CHECK_OPTION},
     make_inputs=bmm_fp8_inputs,
     reference=bmm_fp8_reference,
     tolerance=FP8_TOLERANCE,
@@ -272,7 +283,7 @@ def groupwise_reference_float(a, b, a_scale, b_scale, scale_major_mode="MN", com
     operand by its block's scale and multiplying is the same sum."""
     m, k = a.shape
     n = b.shape[0]
-    if scale_major_mode == "MN":
+    if scale_major_mode in ("MN", None):  # None: the API's default layout, "MN"
         a_scale, b_scale = a_scale.t(), b_scale.t()
     a_deq = a.to(compute) * expand_scales(a_scale.to(compute), m, k, 1)
     b_deq = b.to(compute) * expand_scales(b_scale.to(compute), n, k, SCALE_BLOCK)
@@ -313,13 +324,15 @@ GEMM_FP8_NT_GROUPWISE = TraceTemplate(
         "b": Tensor(("n", "k"), "float8_e4m3fn"),
         "a_scale": Tensor(("k // 128", "m"), "float32"),
         "b_scale": Tensor(("k // 128", "cdiv(n, 128)"), "float32"),
-        "scale_major_mode": Scalar("str", "MN", "layout of the scales"),
+        "scale_major_mode": Scalar("str", None, "layout of the scales: None or 'MN' (the default), 'K'"),
     },
     outputs={"out": Tensor(("m", "n"))},
     options={
         "mma_sm": "accepted, no effect (kiln's cluster shape is a tactic)",
         "scale_granularity_mnk": "(1, 128, 128), the only one supported",
         "out_dtype": "the workload dtype",
+        "backend": BACKEND_OPTION,
+        "skip_check": SKIP_CHECK_OPTION,
     },
     make_inputs=groupwise_inputs,
     reference=groupwise_reference,
@@ -343,6 +356,68 @@ MOE_LAYERS = (
     ),
 )
 MOE_EXPERTS, MOE_TOP_K = 128, 8
+
+
+def blockscaled_reference_float(a, b, a_scale, b_scale, scale_major_mode="MN", compute=torch.float32):
+    """groupwise_reference_float with a scaled per 128 x 128 block too: "MN" a_scale [k/128,
+    ceil(m/128)], b_scale [k/128, ceil(n/128)]; "K" a_scale [ceil(m/128), k/128], b_scale
+    [ceil(n/128), k/128]."""
+    m, k = a.shape
+    n = b.shape[0]
+    if scale_major_mode in ("MN", None):
+        a_scale, b_scale = a_scale.t(), b_scale.t()
+    a_deq = a.to(compute) * expand_scales(a_scale.to(compute), m, k, SCALE_BLOCK)
+    b_deq = b.to(compute) * expand_scales(b_scale.to(compute), n, k, SCALE_BLOCK)
+    return a_deq @ b_deq.t()
+
+
+def blockscaled_reference(a, b, a_scale, b_scale, scale_major_mode):
+    return {"out": blockscaled_reference_float(a, b, a_scale, b_scale, scale_major_mode)}
+
+
+def blockscaled_inputs(t, axes, dtype, device, gen):
+    """Both operands quantized per 128 x 128 block, the scales in the "MN" layout."""
+    m, n, k = axes["m"], axes["n"], axes["k"]
+    fp8 = torch.float8_e4m3fn
+    a, a_scale = quantize_blocks(operand((m, k), k, gen, device), SCALE_BLOCK, fp8)
+    b, b_scale = quantize_blocks(operand((n, k), k, gen, device), SCALE_BLOCK, fp8)
+    return {
+        "a": a.to(device),
+        "b": b.to(device),
+        "a_scale": a_scale.t().contiguous().to(device),
+        "b_scale": b_scale.t().contiguous().to(device),
+    }
+
+
+GEMM_FP8_NT_BLOCKSCALED = TraceTemplate(
+    name="gemm_fp8_nt_blockscaled",
+    target="//ops/gemm:fp8",
+    description="block-scaled fp8: out = a @ b.T with a [m, k] and b [n, k] each scaled per 128 x 128 "
+    "block (MN-major scales); out in the workload dtype",
+    axes={
+        "m": var("rows: tokens"),
+        "n": var("output features"),
+        "k": var("input features (a multiple of 128)"),
+    },
+    inputs={
+        "a": Tensor(("m", "k"), "float8_e4m3fn"),
+        "b": Tensor(("n", "k"), "float8_e4m3fn"),
+        "a_scale": Tensor(("k // 128", "cdiv(m, 128)"), "float32"),
+        "b_scale": Tensor(("k // 128", "cdiv(n, 128)"), "float32"),
+        "scale_major_mode": Scalar("str", "MN", "layout of the scales: 'MN' or 'K'"),
+    },
+    outputs={"out": Tensor(("m", "n"))},
+    options={
+        "mma_sm": "accepted, no effect (kiln's cluster shape is a tactic)",
+        "out_dtype": "the workload dtype",
+        "skip_check": SKIP_CHECK_OPTION,
+    },
+    make_inputs=blockscaled_inputs,
+    reference=blockscaled_reference,
+    tolerance=FP8_TOLERANCE,
+    examples=fp8_examples(batch=False),
+    small=({"m": 1, "n": 72, "k": 128}, {"m": 133, "n": 200, "k": 256}),
+)
 
 
 def segment_lengths(rows: int, segments: int, gen: torch.Generator) -> torch.Tensor:
@@ -575,6 +650,9 @@ GROUP_GEMM_FP8_NT_GROUPWISE = TraceTemplate(
         "mma_sm": "accepted, no effect",
         "scale_granularity_mnk": "(1, 128, 128), the only one supported",
         "out_dtype": "the workload dtype",
+        "backend": BACKEND_OPTION,
+        "segment_alignment": "a promise about the segments FlashInfer's cuTile kernel uses; kiln ignores it",
+        "skip_check": SKIP_CHECK_OPTION,
     },
     make_inputs=group_gemm_fp8_inputs,
     reference=group_gemm_fp8_reference,
