@@ -13,13 +13,15 @@ MIXED_16_BIT = [
 
 op_library(
     name="decode",
-    doc="paged decode attention (split-KV and its merge; 16-bit or fp8 E4M3 caches): "
-        "BatchDecodeWithPagedKVCacheWrapper, "
+    doc="paged decode attention (split-KV and its merge; 16-bit or fp8 E4M3 caches; one or several "
+        "queries a request; ROPE_LLAMA inside the kernel where rope is true): "
+        "BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper, "
         "single_decode_with_kv_cache",
     srcs=["decode_cuda.cu"],
     host_srcs=["decode_host.cc"],
     binding="bindings/attention/decode.cc",
-    dispatch={"dtype": HEADS["dtype"], **KV_DTYPES, "head_dim": HEADS["head_dim"], "soft_cap": [False, True]},
+    dispatch={"dtype": HEADS["dtype"], **KV_DTYPES, "head_dim": HEADS["head_dim"], "soft_cap": [False, True],
+              "rope": [False, True]},
     exclude=MIXED_16_BIT,
     archs=GPUS,
     release="all",
