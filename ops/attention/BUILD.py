@@ -1,5 +1,6 @@
 # //ops/attention -- attention over paged KV caches, one target per op; //ops:attention builds
-# them all. Modules: attention_decode_dtype_bf16_kv_dtype_bf16_head_dim_128_soft_cap_false_cuda, ...
+# them all. Modules: attention_decode_dtype_bf16_kv_dtype_bf16_head_dim_128_soft_cap_false_rope_false_cuda,
+# ...
 # Each target compiles only its own kernels: the wgmma/TMA (sm90a) code is in :prefill alone.
 HEADS = {"dtype": ["f16", "bf16"], "head_dim": [64, 128, 256]}
 GPUS = ["sm80", "sm90", "sm100", "sm120"]

@@ -4,26 +4,26 @@
 // One CTA = one work item (request, token range) x one kv head x up to 16 query rows: heads of its
 // GQA group (the group, or a divisor of it) times queries of the request (multi-token decode,
 // DecodeParams::q_len; one query a request otherwise), so each K/V byte is read once for all of them
-// and the arithmetic runs on tensor cores. Row r is query j0 + r / heads of head qo_head0 + r % heads. The keys are the
-// MMAs' M side and the query heads their N side: S^T = K Q^T (16 tokens x 8 heads an MMA; K is the A operand, straight
-// from ldmatrix) and O^T = V^T P^T (16 dims x 8 heads; V^T from ldmatrix.trans, P^T from the S^T fragment by one
-// movmatrix a register). With GQA 4 this pads half of N, where heads on M (16 rows) padded 3/4 of
-// it: half the MMAs a token, and O is 32 registers a thread at head_dim 128, not 64. Groups of 9-16
-// heads take two n-tiles of heads (NH = 2).
+// and the arithmetic runs on tensor cores. Row r is query j0 + r / heads of head qo_head0 + r %
+// heads. The keys are the MMAs' M side and the query rows their N side: S^T = K Q^T (16 tokens x 8
+// rows an MMA; K is the A operand, straight from ldmatrix) and O^T = V^T P^T (16 dims x 8 rows; V^T
+// from ldmatrix.trans, P^T from the S^T fragment by one movmatrix a register). With GQA 4 this pads
+// half of N, where heads on M (16 rows) padded 3/4 of it: half the MMAs a token, and O is 32
+// registers a thread at head_dim 128, not 64. CTAs of 9-16 rows take two n-tiles (NH = 2).
 // Four warps; warp w takes the work item's tiles w, w + 4, ... (16 tokens; 32 for fp8) and streams
 // them through its own cp.async pipeline in shared memory (kStages deep, rows XOR-swizzled in
 // 16-byte chunks so ldmatrix is conflict free). Per tile: S^T = K Q^T, scale / soft-cap / mask,
-// online softmax per head (a head's keys lie in the 8 lanes with the same lane % 4: three
-// shuffles for its max), P^T packed to 16-bit by movmatrix, O^T += V^T P^T. At the end the four
-// warps' states merge through shared memory into out/lse, or a float32 partial slot (split-KV),
-// which the request's last CTA to finish merges (merge_if_last).
+// online softmax per row (a row's keys lie in the 8 lanes with the same lane % 4: three shuffles
+// for its max), P^T packed to 16-bit by movmatrix, O^T += V^T P^T. At the end the four warps'
+// states merge through shared memory into out/lse, or a float32 partial slot (split-KV), which the
+// request's last CTA to finish merges (merge_if_last).
 // An fp8 E4M3 cache (KV = e4m3_t) is staged as bytes and converted at the MMAs, which then run on
 // f16 operands: the query is scaled (sm_scale x k_scale, in float32) and rounded to f16 once, P is
 // packed to f16 (kv_fp8.cuh has the fragment orders). Every cache's k_scale and v_scale apply
 // (1 unless given), as FlashInfer applies them. Several queries a request are causal among
 // themselves: the tiles holding the request's last q_len - 1 keys (and a window's first ones) mask
-// per row. A ROPE_LLAMA module (ROPE) rotates q at load and each K fragment in registers before its
-// MMAs (rope_rotate): dims d and d + D/2 sit in the same lanes and registers of k-steps kk and
+// per row. A ROPE_LLAMA module (ROPE) rotates q at load and each K fragment in registers before
+// its MMAs (rope_rotate): dims d and d + D/2 sit in the same lanes and registers of k-steps kk and
 // kk + KSTEPS/2.
 #pragma once
 
