@@ -11,6 +11,8 @@ import math
 import pytest
 import torch
 from helpers import device_params
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from paged import make_paged
 
 import kiln
@@ -321,3 +323,24 @@ def test_plan_takes_flashinfers_positional_order(device):
     cache = tuple(c.to(torch.float8_e4m3fn) for c in (batch.k_cache, batch.v_cache))
     assert fp8.run(q, cache).dtype == torch.float16
     assert math.isfinite(float(fp8.run(q, cache).float().abs().max()))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    q_len=st.integers(1, 6),
+    extra=st.lists(st.integers(0, 600), min_size=1, max_size=4),
+    page_size=st.integers(1, 33),
+    group=st.sampled_from([1, 2, 4, 8]),
+    layout=st.sampled_from(["NHD", "HND"]),
+    window_left=st.sampled_from([-1, 0, 3, 200]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_property_host(q_len, extra, page_size, group, layout, window_left, seed):
+    """Any lengths >= q_len, page size, GQA group, layout and window: the host backend's
+    multi-token decode (the CUDA kernel's schedule and merges) equals the causal reference."""
+    gen = torch.Generator().manual_seed(seed)
+    kv_lens = [q_len + n for n in extra]
+    batch = make_paged(kv_lens, page_size, 2, 64, torch.float16, "cpu", layout, spare_pages=3, gen=gen)
+    q = torch.randn(len(kv_lens) * q_len, 2 * group, 64, generator=gen).to(torch.float16)
+    out, lse, _ = run(batch, q, q_len, "cpu", 2 * group, 2, window_left=window_left)
+    check(batch, q, q_len, out, lse, TOL, window_left=window_left)
