@@ -86,8 +86,9 @@ void merge_two(py::handle a_obj, py::handle a_lse_obj, py::handle b_obj, py::han
     kb::check_dtype(mask, kBool, "mask is boolean");
     kb::check_ndim(mask, 1, 1);
     kb::check_dim(mask, 0, a.size(0), "the number of rows");
-    kb::check_last_contiguous(mask);
-    p.mask = static_cast<const uint8_t*>(mask.data);
+    if (mask.stride(0) < 0) kb::value_error("mask must have a stride >= 0, got " + std::to_string(mask.stride(0)));
+    p.mask = static_cast<const uint8_t*>(mask.data);  // any stride: a slice, or expanded (0)
+    p.mask_stride = mask.stride(0);
   }
   p.a = a.data;
   p.b = b.data;

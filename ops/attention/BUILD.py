@@ -1,5 +1,6 @@
 # //ops/attention -- attention over paged KV caches, one target per op; //ops:attention builds
-# them all. Modules: attention_decode_dtype_bf16_kv_dtype_bf16_head_dim_128_soft_cap_false_cuda, ...
+# them all. Modules: attention_decode_dtype_bf16_kv_dtype_bf16_head_dim_128_soft_cap_false_rope_false_cuda,
+# ...
 # Each target compiles only its own kernels: the wgmma/TMA (sm90a) code is in :prefill alone.
 HEADS = {"dtype": ["f16", "bf16"], "head_dim": [64, 128, 256]}
 GPUS = ["sm80", "sm90", "sm100", "sm120"]
@@ -13,13 +14,15 @@ MIXED_16_BIT = [
 
 op_library(
     name="decode",
-    doc="paged decode attention (split-KV and its merge; 16-bit or fp8 E4M3 caches): "
-        "BatchDecodeWithPagedKVCacheWrapper, "
+    doc="paged decode attention (split-KV and its merge; 16-bit or fp8 E4M3 caches; one or several "
+        "queries a request; ROPE_LLAMA inside the kernel where rope is true): "
+        "BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper, "
         "single_decode_with_kv_cache",
     srcs=["decode_cuda.cu"],
     host_srcs=["decode_host.cc"],
     binding="bindings/attention/decode.cc",
-    dispatch={"dtype": HEADS["dtype"], **KV_DTYPES, "head_dim": HEADS["head_dim"], "soft_cap": [False, True]},
+    dispatch={"dtype": HEADS["dtype"], **KV_DTYPES, "head_dim": HEADS["head_dim"], "soft_cap": [False, True],
+              "rope": [False, True]},
     exclude=MIXED_16_BIT,
     archs=GPUS,
     release="all",

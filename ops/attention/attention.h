@@ -2,7 +2,8 @@
 // backends of //ops:attention (one module per dtype x kv dtype x head_dim x soft-cap
 // specialisation).
 //
-// Decode: one query token per request against its paged KV cache.
+// Decode: one query token per request (or a few: q_len, see DecodeParams) against its paged KV
+// cache.
 //   logit[t] = q . k[t] * sm_scale                       (soft-cap: cap * tanh(logit / cap))
 //   out      = sum_t softmax(logit)[t] * v[t]
 // k[t] and v[t] above are the cache's values times the per-tensor k_scale and v_scale (an fp8 E4M3
@@ -73,10 +74,11 @@ KILN_HOST_DEVICE int64_t page_at(const PagedKV& kv, int64_t request, int64_t fir
   return id;
 }
 
-// Decode runs one CTA per (work item, kv head, chunk of the GQA group): the chunk is the largest
-// divisor of the group size that fits two MMA n-tiles of 8 heads. The binding exports this table,
-// so the Python schedule counts CTAs with the kernel's own numbers.
-constexpr int kMaxHeadsPerCta = 16;  // two n-tiles of the MMAs' N (8 heads each)
+// Decode runs one CTA per (work item, kv head, chunk of the GQA group, chunk of the request's
+// queries): its query rows (a head of the chunk x a query of the chunk) fill up to two MMA n-tiles
+// of 8. The head chunk is the largest divisor of the group size that fits beside the queries. The
+// binding exports this table, so the Python schedule counts CTAs with the kernel's own numbers.
+constexpr int kMaxHeadsPerCta = 16;  // query rows a CTA: two n-tiles of the MMAs' N (8 each)
 
 inline int heads_per_cta(int64_t group_size) {
   for (int h = kMaxHeadsPerCta; h > 1; --h) {
@@ -85,11 +87,47 @@ inline int heads_per_cta(int64_t group_size) {
   return 1;
 }
 
+// (heads, queries) of one decode CTA for q_len queries per request (multi-token decode): every
+// query of a head in one CTA where q_len <= 16 (each K/V byte then serves them all), with as many
+// of the group's heads as fit beside them; longer q_len in near-equal chunks of at most 16.
+struct DecodeCtaShape {
+  int heads, queries;
+};
+
+inline DecodeCtaShape decode_cta_shape(int64_t group_size, int64_t q_len) {
+  if (q_len <= 1) return {heads_per_cta(group_size), 1};
+  if (q_len >= kMaxHeadsPerCta) {
+    const int64_t chunks = (q_len + kMaxHeadsPerCta - 1) / kMaxHeadsPerCta;
+    return {1, static_cast<int>((q_len + chunks - 1) / chunks)};
+  }
+  int h = static_cast<int>(kMaxHeadsPerCta / q_len);
+  while (h > 1 && group_size % h != 0) --h;
+  return {h, static_cast<int>(q_len)};
+}
+
+// CTAs per decode work item: kv heads x head chunks x query chunks.
+inline int64_t decode_ctas_per_item(int64_t num_qo_heads, int64_t num_kv_heads, int64_t q_len) {
+  const int64_t group = num_qo_heads / num_kv_heads;
+  const DecodeCtaShape s = decode_cta_shape(group, q_len);
+  return num_kv_heads * (group / s.heads) * ((q_len + s.queries - 1) / s.queries);
+}
+
+// Multi-token decode (q_len > 1, speculative decoding's verification): request b's queries are
+// rows b * q_len + j of q/out/lse, query j at position L - q_len + j of the request's L tokens
+// (all in the cache already), causal among themselves: it sees keys t <= L - q_len + j (and
+// t >= that - window_left with a window). Partial slots then hold [q_len, num_qo_heads] rows.
+// ROPE_LLAMA modules rotate q (at its position) and every key (at its token index) inside the
+// kernel, over dims (i, i + head_dim / 2) by the angle position x freq(i), freq(i) =
+// rope_rcp_scale x 2^(i x rope_freq_exp) (rope_freq_exp = -2 log2(rope_theta) / head_dim).
 struct DecodeParams {
-  const void* q;  // [batch, num_qo_heads, head_dim]
+  const void* q;  // [batch * q_len, num_qo_heads, head_dim]
   int64_t q_stride_b, q_stride_h;
   PagedKV kv;
   int64_t num_qo_heads, num_kv_heads;
+  const int32_t* kv_len;  // [batch]: each request's tokens L (query positions, the causal mask)
+  int64_t q_len;          // queries per request, >= 1
+  int32_t window_left;    // < 0: no window (q_len 1: the plan's token ranges already apply it)
+  float rope_rcp_scale, rope_freq_exp;
   // Work list (capacity entries; an entry with request < 0 is padding, for CUDA graphs).
   const int32_t* work_request;
   const int32_t* work_token_begin;
@@ -105,12 +143,12 @@ struct DecodeParams {
   // last CTA of a split request to finish merges its slots and zeroes the count (so the same
   // buffer serves every later launch and CUDA-graph replay). The host backend does not use it.
   int32_t* merge_counter;
-  void* out;  // [batch, num_qo_heads, head_dim], the dtype of q
+  void* out;  // [batch * q_len, num_qo_heads, head_dim], the dtype of q
   int64_t out_stride_b, out_stride_h;
-  float* lse;  // [batch, num_qo_heads] or null
+  float* lse;  // [batch * q_len, num_qo_heads] or null
   int64_t lse_stride_b;
-  float* partial_out;  // [slots, num_qo_heads, head_dim] float32
-  float* partial_lse;  // [slots, num_qo_heads] float32
+  float* partial_out;  // [slots, q_len * num_qo_heads, head_dim] float32
+  float* partial_lse;  // [slots, q_len * num_qo_heads] float32
   float sm_scale;
   float soft_cap;  // used only by soft-cap specialisations
   // Per-tensor scales of the cache: logits use k * k_scale and out v * v_scale (an fp8 cache
@@ -183,7 +221,8 @@ struct MergeTwoParams {
   const float* a_lse;
   const void* b;
   const float* b_lse;
-  const uint8_t* mask;  // nullable, [rows]
+  const uint8_t* mask;  // nullable, [rows]: row r's flag at mask[r * mask_stride] (0: one flag for all)
+  int64_t mask_stride;
   void* out;
   float* out_lse;
   int64_t rows, num_heads;
@@ -235,20 +274,23 @@ KILN_HOST_DEVICE bool append_target(const AppendParams& p, int64_t i, int64_t* e
 
 // get_batch_indices_positions: token i of the packed appends belongs to the request b with
 // append_indptr[b] <= i < append_indptr[b + 1] and sits at position seq_lens[b] - (its count) +
-// (i - append_indptr[b]). An append_indptr that does not cover [0, nnz) in order, or a seq_len
-// shorter than the request's count, is recorded and gives -1 for the tokens concerned.
+// (i - append_indptr[b]) (seq_lens: the lengths after the append). Tokens from append_indptr[batch]
+// up to nnz are padding (FlashInfer's contract: a caller may size its buffers past the real
+// tokens): batch index -1, position left as it is. An append_indptr that does not start at 0 and
+// rise to at most nnz, or a seq_len shorter than the request's count, is recorded and gives -1 for
+// the tokens concerned.
 struct PositionsParams {
   const int32_t* append_indptr;  // [batch + 1]
   const int32_t* seq_lens;       // [batch]
   int64_t batch, nnz;
   int32_t* batch_indices;  // [nnz], written
-  int32_t* positions;      // [nnz], written
+  int32_t* positions;      // [nnz], written (padding tokens: not written)
 };
 
-// The whole of append_indptr: from 0, never decreasing, to nnz (what the per-token search assumes).
-// Run once per call, also when there is no token.
+// The whole of append_indptr: from 0, never decreasing, to at most nnz (what the per-token search
+// assumes). Run once per call, also when there is no token.
 KILN_HOST_DEVICE void check_append_indptr(const PositionsParams& p, int64_t* errors) {
-  bool ok = p.append_indptr[0] == 0 && p.append_indptr[p.batch] == p.nnz;
+  bool ok = p.append_indptr[0] == 0 && p.append_indptr[p.batch] <= p.nnz;
   for (int64_t b = 0; ok && b < p.batch; ++b) ok = p.append_indptr[b + 1] >= p.append_indptr[b];
   if (!ok) {
     record_error(errors, ErrorCode::kAppendIndptr, 0, 0, p.nnz);
@@ -261,6 +303,10 @@ KILN_HOST_DEVICE void check_append_indptr(const PositionsParams& p, int64_t* err
 }
 
 KILN_HOST_DEVICE void token_position(const PositionsParams& p, int64_t i, int64_t* errors) {
+  if (p.append_indptr[p.batch] <= i && p.append_indptr[p.batch] <= p.nnz && p.append_indptr[0] == 0) {
+    p.batch_indices[i] = -1;  // padding past the real tokens
+    return;
+  }
   int64_t lo = 0, hi = p.batch;  // the last b with append_indptr[b] <= i (any order: checked below)
   while (hi - lo > 1) {
     const int64_t mid = (lo + hi) / 2;
@@ -268,7 +314,7 @@ KILN_HOST_DEVICE void token_position(const PositionsParams& p, int64_t i, int64_
   }
   const int64_t b = lo, begin = p.append_indptr[b], end = p.batch > 0 ? p.append_indptr[b + 1] : 0;
   int32_t bi = -1, pos = -1;
-  if (p.batch == 0 || begin > i || i >= end || p.append_indptr[0] != 0 || p.append_indptr[p.batch] != p.nnz) {
+  if (p.batch == 0 || begin > i || i >= end || p.append_indptr[0] != 0 || p.append_indptr[p.batch] > p.nnz) {
     record_error(errors, ErrorCode::kAppendIndptr, i, 0, p.nnz);
   } else if (p.seq_lens[b] < end - begin) {
     record_error(errors, ErrorCode::kNegativePosition, b, p.seq_lens[b], end - begin);
@@ -278,29 +324,6 @@ KILN_HOST_DEVICE void token_position(const PositionsParams& p, int64_t i, int64_
   }
   p.batch_indices[i] = bi;
   p.positions[i] = pos;
-}
-
-// The split-KV merge of a decode call: its float32 partial slots [slots, num_qo_heads, head_dim]
-// merged per request into out/lse (the host backend's; CUDA merges inside the decode launch).
-inline MergeParams decode_merge_params(const DecodeParams& d, int64_t head_dim) {
-  MergeParams m{};
-  m.v = d.partial_out;
-  m.s = d.partial_lse;
-  m.num_items = d.merge_capacity;
-  m.num_heads = d.num_qo_heads;
-  m.indptr = d.merge_indptr;
-  m.out_row = d.merge_request;
-  m.v_state_stride = d.num_qo_heads * head_dim;
-  m.v_head_stride = head_dim;
-  m.s_state_stride = d.num_qo_heads;
-  m.s_head_stride = 1;
-  m.out = d.out;
-  m.out_row_stride = d.out_stride_b;
-  m.out_head_stride = d.out_stride_h;
-  m.out_lse = d.lse;
-  m.lse_row_stride = d.lse_stride_b;
-  m.lse_head_stride = 1;
-  return m;
 }
 
 // Implemented once per backend for the module's dtype, head_dim and soft-cap flag.

@@ -44,23 +44,46 @@ inline Status check_pages(const PagedKV& kv, int64_t request, int64_t begin, int
   return check.status();
 }
 
-// Attention of one query head over tokens [begin, end) of `request`: o (unnormalised sum
-// divided by the sum) and lse, in base 2. KV: the cache's element type; its values are scaled by
-// k_scale / v_scale (1 for a 16-bit cache).
-template <typename T, typename KV, int HEAD_DIM, bool SOFTCAP>
-void attend(const DecodeParams& p, int64_t request, int64_t head, int64_t begin, int64_t end, float* o, float* lse) {
+// ROPE_LLAMA of one head's HEAD_DIM values at position `pos` (DecodeParams: dims i and i + D/2
+// turn by pos x freq(i)), in float32 as the kernel does.
+template <int HEAD_DIM>
+void rope_llama(float* x, int64_t pos, const DecodeParams& p) {
+  for (int i = 0; i < HEAD_DIM / 2; ++i) {
+    const float angle =
+        static_cast<float>(pos) * (p.rope_rcp_scale * std::exp2(static_cast<float>(i) * p.rope_freq_exp));
+    const float c = std::cos(angle), s = std::sin(angle), lo = x[i], hi = x[i + HEAD_DIM / 2];
+    x[i] = lo * c - hi * s;
+    x[i + HEAD_DIM / 2] = hi * c + lo * s;
+  }
+}
+
+// Attention of query j of `request` (q row request * q_len + j) in one query head over tokens
+// [begin, end) of the request, of which it sees those up to its position L - q_len + j (and from
+// that - window_left): o (the weighted sum divided by the sum) and lse, in base 2. KV: the
+// cache's element type; its values are scaled by k_scale / v_scale (1 for a 16-bit cache). ROPE:
+// q and each key rotated at their positions first.
+template <typename T, typename KV, int HEAD_DIM, bool SOFTCAP, bool ROPE>
+void attend(const DecodeParams& p, int64_t request, int64_t j, int64_t head, int64_t begin, int64_t end, float* o,
+            float* lse) {
   const PagedKV& kv = p.kv;
   const int64_t kv_head = head / (p.num_qo_heads / p.num_kv_heads);
   const int32_t* pages = kv.page_indices + kv.page_indptr[request];
-  float q[HEAD_DIM];
-  for (int k = 0; k < HEAD_DIM; ++k) q[k] = at<T>(p.q, request * p.q_stride_b + head * p.q_stride_h + k);
+  const int64_t pos = p.kv_len[request] - p.q_len + j;
+  end = std::min(end, pos + 1);
+  if (p.window_left >= 0) begin = std::max(begin, pos - p.window_left);
+  float q[HEAD_DIM], key[HEAD_DIM];
+  const int64_t q_row = request * p.q_len + j;
+  for (int k = 0; k < HEAD_DIM; ++k) q[k] = at<T>(p.q, q_row * p.q_stride_b + head * p.q_stride_h + k);
+  if constexpr (ROPE) rope_llama<HEAD_DIM>(q, pos, p);
   std::vector<float> logits(static_cast<size_t>(std::max<int64_t>(end - begin, 0)));
   float mx = neg_inf();
   for (int64_t t = begin; t < end; ++t) {
     const int64_t page = pages[t / kv.page_size], slot = t % kv.page_size;
     const int64_t off = page * kv.k_page_stride + slot * kv.k_slot_stride + kv_head * kv.k_head_stride;
+    for (int k = 0; k < HEAD_DIM; ++k) key[k] = at<KV>(kv.k, off + k);
+    if constexpr (ROPE) rope_llama<HEAD_DIM>(key, t, p);
     float dot = 0.0f;
-    for (int k = 0; k < HEAD_DIM; ++k) dot += q[k] * at<KV>(kv.k, off + k);
+    for (int k = 0; k < HEAD_DIM; ++k) dot += q[k] * key[k];
     float logit = dot * p.k_scale * p.sm_scale;
     if constexpr (SOFTCAP) logit = p.soft_cap * std::tanh(logit / p.soft_cap);
     logits[t - begin] = logit * kLog2e;
@@ -163,11 +186,12 @@ void merge(const MergeParams& p) {
   }
 }
 
-template <typename T, typename KV, int HEAD_DIM, bool SOFTCAP>
+template <typename T, typename KV, int HEAD_DIM, bool SOFTCAP, bool ROPE>
 Status decode(const DecodeParams& p) {
   if (p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) {
     return Status::Error(1, "decode: num_qo_heads must be a multiple of num_kv_heads");
   }
+  if (p.q_len < 1 || p.kv_len == nullptr) return Status::Error(1, "decode: q_len must be >= 1, with kv_len given");
   for (int64_t w = 0; w < p.work_capacity; ++w) {
     if (p.work_request[w] < 0) continue;
     Status st = check_pages(p.kv, p.work_request[w], p.work_token_begin[w], p.work_token_end[w]);
@@ -178,21 +202,43 @@ Status decode(const DecodeParams& p) {
     const int64_t request = p.work_request[w];
     if (request < 0) continue;
     const int64_t out_index = p.work_out_index[w];
-    for (int64_t h = 0; h < p.num_qo_heads; ++h) {
-      float lse;
-      attend<T, KV, HEAD_DIM, SOFTCAP>(p, request, h, p.work_token_begin[w], p.work_token_end[w], o, &lse);
-      if (out_index < 0) {
-        T* out = static_cast<T*>(p.out) + request * p.out_stride_b + h * p.out_stride_h;
-        for (int k = 0; k < HEAD_DIM; ++k) out[k] = Convert<T>::from_float(o[k]);
-        if (p.lse) p.lse[request * p.lse_stride_b + h] = lse;
-      } else {
-        std::copy(o, o + HEAD_DIM, p.partial_out + (out_index * p.num_qo_heads + h) * HEAD_DIM);
-        p.partial_lse[out_index * p.num_qo_heads + h] = lse;
+    for (int64_t j = 0; j < p.q_len; ++j) {
+      for (int64_t h = 0; h < p.num_qo_heads; ++h) {
+        float lse;
+        attend<T, KV, HEAD_DIM, SOFTCAP, ROPE>(p, request, j, h, p.work_token_begin[w], p.work_token_end[w], o, &lse);
+        if (out_index < 0) {
+          const int64_t row = request * p.q_len + j;
+          T* out = static_cast<T*>(p.out) + row * p.out_stride_b + h * p.out_stride_h;
+          for (int k = 0; k < HEAD_DIM; ++k) out[k] = Convert<T>::from_float(o[k]);
+          if (p.lse) p.lse[row * p.lse_stride_b + h] = lse;
+        } else {
+          const int64_t state = (out_index * p.q_len + j) * p.num_qo_heads + h;
+          std::copy(o, o + HEAD_DIM, p.partial_out + state * HEAD_DIM);
+          p.partial_lse[state] = lse;
+        }
       }
     }
   }
-  if (p.merge_capacity > 0) {
-    const MergeParams m = decode_merge_params(p, HEAD_DIM);
+  // The split-KV merge: per query j of the requests, their partial slots [slots, q_len, heads]
+  // merged into out/lse rows request * q_len + j (CUDA merges inside the decode launch).
+  for (int64_t j = 0; p.merge_capacity > 0 && j < p.q_len; ++j) {
+    MergeParams m{};
+    m.v = p.partial_out + j * p.num_qo_heads * HEAD_DIM;
+    m.s = p.partial_lse + j * p.num_qo_heads;
+    m.num_items = p.merge_capacity;
+    m.num_heads = p.num_qo_heads;
+    m.indptr = p.merge_indptr;
+    m.out_row = p.merge_request;
+    m.v_state_stride = p.q_len * p.num_qo_heads * HEAD_DIM;
+    m.v_head_stride = HEAD_DIM;
+    m.s_state_stride = p.q_len * p.num_qo_heads;
+    m.s_head_stride = 1;
+    m.out = static_cast<T*>(p.out) + j * p.out_stride_b;
+    m.out_row_stride = p.q_len * p.out_stride_b;
+    m.out_head_stride = p.out_stride_h;
+    m.out_lse = p.lse ? p.lse + j * p.lse_stride_b : nullptr;
+    m.lse_row_stride = p.q_len * p.lse_stride_b;
+    m.lse_head_stride = 1;
     merge<float, T, HEAD_DIM>(m);
   }
   return Status::Ok();
@@ -201,7 +247,7 @@ Status decode(const DecodeParams& p) {
 template <typename T, int HEAD_DIM>
 Status merge_two(const MergeTwoParams& p) {
   for (int64_t r = 0; r < p.rows; ++r) {
-    const bool use_b = p.mask == nullptr || p.mask[r] != 0;
+    const bool use_b = p.mask == nullptr || p.mask[r * p.mask_stride] != 0;
     if (!use_b && p.out == p.a && p.out_lse == p.a_lse) continue;  // in place and masked: the row is kept
     for (int64_t h = 0; h < p.num_heads; ++h) {
       const float la = p.a_lse[r * p.a_lse_row_stride + h], lb = p.b_lse[r * p.b_lse_row_stride + h];

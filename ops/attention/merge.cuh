@@ -124,8 +124,8 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_two_kernel(const Merge
   T* out = static_cast<T*>(p.out) + row * p.out_row_stride + head * p.out_head_stride + dim0;
   const float la = p.a_lse[row * p.a_lse_row_stride + head];
   const float lb = p.b_lse[row * p.b_lse_row_stride + head];
-  if (p.mask != nullptr && p.mask[row] == 0 && p.out == p.a && p.out_lse == p.a_lse) return;  // row kept as is
-  const bool use_b = p.mask == nullptr || p.mask[row] != 0;
+  const bool use_b = p.mask == nullptr || p.mask[row * p.mask_stride] != 0;
+  if (!use_b && p.out == p.a && p.out_lse == p.a_lse) return;  // row kept as is
   const float mx = use_b ? fmaxf(la, lb) : la;
   const float wa = use_b ? scale_from(la, mx) : 1.0f, wb = use_b ? scale_from(lb, mx) : 0.0f;
   const float sum = wa + wb, inv = sum > 0.0f ? 1.0f / sum : 0.0f;

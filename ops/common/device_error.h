@@ -58,8 +58,8 @@ inline constexpr ErrorText kErrorTexts[] = {
      "and kv_last_page_len)"},
     {ErrorCode::kLastPageLen, "kv_last_page_len[{position}] = {value} is outside [1, page_size = {bound}]"},
     {ErrorCode::kAppendIndptr,
-     "append_indptr must start at 0, never decrease and end at nnz = {bound}: token {position} lies in no "
-     "request"},
+     "append_indptr must start at 0, never decrease and end at most at nnz = {bound}: token {position} lies "
+     "in no request"},
     {ErrorCode::kNegativePosition,
      "seq_lens[{position}] = {value} is shorter than the {bound} token(s) request {position} appends"},
     {ErrorCode::kSegmentEnd,

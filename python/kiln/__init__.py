@@ -29,11 +29,14 @@ _API = {
                  "top_p_sampling_from_probs", "min_p_sampling_from_probs", "top_k_top_p_sampling_from_probs",
                  "top_k_top_p_sampling_from_logits", "top_k_renorm_probs", "top_p_renorm_probs",
                  "top_k_mask_logits", "chain_speculative_sampling"),
-    "decode": ("BatchDecodeWithPagedKVCacheWrapper", "single_decode_with_kv_cache"),
+    "decode": ("BatchDecodeWithPagedKVCacheWrapper", "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
+               "single_decode_with_kv_cache", "fast_decode_plan"),
     "prefill": ("BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper",
                 "single_prefill_with_kv_cache"),
-    "cascade": ("merge_state", "merge_state_in_place", "merge_states", "MultiLevelCascadeAttentionWrapper"),
-    "page": ("append_paged_kv_cache", "get_batch_indices_positions"),
+    "cascade": ("merge_state", "merge_state_in_place", "merge_states", "MultiLevelCascadeAttentionWrapper",
+                "BatchDecodeWithSharedPrefixPagedKVCacheWrapper",
+                "BatchPrefillWithSharedPrefixPagedKVCacheWrapper"),
+    "page": ("append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"),
     "moe": ("moe_topk", "moe_align_block_size", "moe_permute", "moe_unpermute", "fused_moe",
             "cutlass_fused_moe", "cutlass_fused_moe_workspace_size", "ActivationType"),
     "gemm": ("mm_bf16", "bmm_bf16", "bmm_fp8", "gemm_fp8_nt_groupwise", "gemm_fp8_nt_blockscaled",
@@ -50,7 +53,13 @@ _API = {
 # fused_allreduce_add_rmsnorm. cutlass_fused_moe_workspace_size (a byte count) and ActivationType
 # (an enum) are cutlass_fused_moe's companions.
 _TOOLS = frozenset({"check_errors", "DeviceIndexError", "autotune", "MultiLevelCascadeAttentionWrapper",
-                    "CustomAllReduce", "cutlass_fused_moe_workspace_size", "ActivationType"})
+                    "CustomAllReduce", "cutlass_fused_moe_workspace_size", "ActivationType",
+                    # decode/page/cascade: a subclass whose run() is the traced parent's, a re-plan
+                    # helper, torch arithmetic on the page table, and two wrappers composed of traced
+                    # prefill, decode and merge APIs
+                    "CUDAGraphBatchDecodeWithPagedKVCacheWrapper", "fast_decode_plan", "get_seq_lens",
+                    "BatchDecodeWithSharedPrefixPagedKVCacheWrapper",
+                    "BatchPrefillWithSharedPrefixPagedKVCacheWrapper"})
 _OWNER = {name: module for module, names in _API.items() for name in names}
 # Submodules that are part of the API as modules.
 _SUBMODULES = ("utils",)

@@ -53,10 +53,16 @@ def chunk_size(spans: torch.Tensor, kv_units: int, slots: int) -> int:
     return aligned if aligned < longest else 0
 
 
-def schedule(begin: torch.Tensor, end: torch.Tensor, kv_units: int, slots: int) -> Schedule:
-    """Work items for requests whose keys are tokens [begin[b], end[b]) (int64 CPU tensors)."""
+def schedule(begin: torch.Tensor, end: torch.Tensor, kv_units: int, slots: int,
+             chunk: int | None = None) -> Schedule:
+    """Work items for requests whose keys are tokens [begin[b], end[b]) (int64 CPU tensors).
+    `chunk`: None chooses by chunk_size; 0 splits nothing; > 0 cuts every longer request into
+    chunks of that many tokens (FlashInfer's fixed_split_size: the same split whatever the batch)."""
     spans = (end - begin).clamp(min=0)
-    chunk = chunk_size(spans, kv_units, slots)
+    if chunk is None:
+        chunk = chunk_size(spans, kv_units, slots)
+    elif chunk > 0 and not bool((spans > chunk).any()):
+        chunk = 0  # nothing is longer than a chunk: nothing is split
     if chunk:
         pieces = torch.clamp((spans + chunk - 1) // chunk, min=1)
     else:

@@ -312,3 +312,176 @@ class _Level:
         n, s = q.shape[0], self.splits
         return merge_states(out.index_select(0, self.order).view(n, s, *out.shape[1:]),
                             lse.index_select(0, self.order).view(n, s, lse.shape[-1]))
+
+
+# --- The shared-prefix wrappers (FlashInfer's older cascade API) ------------------------------------
+
+
+def _shared_as_page(k_shared: torch.Tensor, v_shared: torch.Tensor, kv_layout: str, api: str):
+    """k_shared, v_shared [shared_len, kv_heads, head_dim] (NHD) or [kv_heads, shared_len, head_dim]
+    (HND) as one page of a paged cache: ([1, ...] views, shared_len)."""
+    for name, t in (("k_shared", k_shared), ("v_shared", v_shared)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            shape = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{api}: {name} must be a 3-D tensor ([shared_len, num_kv_heads, head_dim] for "
+                             f"NHD, [num_kv_heads, shared_len, head_dim] for HND), got {shape}")
+    if k_shared.shape != v_shared.shape:
+        raise ValueError(f"{api}: k_shared {list(k_shared.shape)} and v_shared {list(v_shared.shape)} differ")
+    shared_len = k_shared.shape[0] if kv_layout == "NHD" else k_shared.shape[1]
+    return k_shared.unsqueeze(0), v_shared.unsqueeze(0), int(shared_len)
+
+
+class BatchDecodeWithSharedPrefixPagedKVCacheWrapper:
+    """Decode attention of a batch whose requests share a prefix held in contiguous k_shared /
+    v_shared tensors, each request's own tokens in a paged cache (FlashInfer's class, which it
+    suggests replacing by MultiLevelCascadeAttentionWrapper):
+
+        out[b] = attention of q[b] over the shared prefix's keys followed by request b's own
+
+    begin_forward(unique_kv_indptr, unique_kv_indices, unique_kv_last_page_len, num_qo_heads,
+    num_kv_heads, head_dim, page_size, data_type="float16") plans the unique part;
+    forward(q, k_shared, v_shared, unique_kv_cache) -> out [batch, num_qo_heads, head_dim].
+
+    Composed of kiln's own APIs, as the multi-level wrapper: the prefix runs as paged decode with
+    every request's page table naming one page, the whole prefix (its K/V read through L2 by the
+    batch's CTAs, split-KV where the batch is small), the unique part as the planned paged decode,
+    and merge_state_in_place joins the two states. The prefix's plan is made on the first forward
+    of a prefix length (and redone when it changes)."""
+
+    API = "BatchDecodeWithSharedPrefixPagedKVCacheWrapper"
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD") -> None:
+        from .decode import BatchDecodeWithPagedKVCacheWrapper
+
+        self._kv_layout = _attention.check_layout(kv_layout, self.API)
+        self._workspace = float_workspace_buffer
+        self._unique = BatchDecodeWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout)
+        self._shared = BatchDecodeWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout)
+        self._args = None  # (batch, num_qo_heads, num_kv_heads, head_dim, dtype) of begin_forward
+        self._shared_key = None  # (shared_len, dtype of k_shared) the prefix plan is for
+
+    def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor, int_workspace_buffer=None) -> None:
+        """Use another float workspace (FlashInfer's method; the int workspace is unused)."""
+        self._unique.reset_workspace_buffer(float_workspace_buffer)
+        self._shared.reset_workspace_buffer(float_workspace_buffer)
+        self._shared_key = None
+
+    def begin_forward(self, unique_kv_indptr: torch.Tensor, unique_kv_indices: torch.Tensor,
+                      unique_kv_last_page_len: torch.Tensor, num_qo_heads: int, num_kv_heads: int,
+                      head_dim: int, page_size: int, data_type="float16") -> None:
+        """Plan the requests' own pages (BatchDecodeWithPagedKVCacheWrapper.plan, with
+        data_type the dtype of q and of both caches)."""
+        dtype = _attention.as_dtype(data_type, torch.float16)
+        self._unique.plan(unique_kv_indptr, unique_kv_indices, unique_kv_last_page_len, num_qo_heads,
+                          num_kv_heads, head_dim, page_size, pos_encoding_mode="NONE", q_data_type=dtype,
+                          kv_data_type=dtype)
+        self._args = (unique_kv_last_page_len.numel(), num_qo_heads, num_kv_heads, head_dim, dtype)
+        self._shared_key = None
+
+    plan = begin_forward
+
+    @logged_api
+    def forward(self, q: torch.Tensor, k_shared: torch.Tensor, v_shared: torch.Tensor,
+                unique_kv_cache) -> torch.Tensor:
+        """out [batch, num_qo_heads, head_dim]: the states over the shared prefix and over each
+        request's own pages, merged."""
+        if self._args is None:
+            raise RuntimeError(f"{self.API}.forward called before begin_forward()")
+        api = self.API + ".forward"
+        k_page, v_page, shared_len = _shared_as_page(k_shared, v_shared, self._kv_layout, api)
+        batch, num_qo_heads, num_kv_heads, head_dim, dtype = self._args
+        out, lse = self._unique.run(q, unique_kv_cache, return_lse=True)
+        if shared_len == 0:
+            return out
+        key = (shared_len, k_shared.dtype, k_shared.device)
+        if key != self._shared_key:
+            device = self._unique._device
+            self._shared.plan(torch.arange(batch + 1, dtype=torch.int32),
+                              torch.zeros(batch, dtype=torch.int32, device=device),
+                              torch.full((batch,), shared_len, dtype=torch.int32), num_qo_heads, num_kv_heads,
+                              head_dim, shared_len, pos_encoding_mode="NONE", q_data_type=dtype,
+                              kv_data_type=k_shared.dtype)
+            self._shared_key = key
+        out_shared, lse_shared = self._shared.run(q, (k_page, v_page), return_lse=True)
+        merge_state_in_place(out_shared, lse_shared, out, lse)
+        return out_shared
+
+    run = forward
+
+
+class BatchPrefillWithSharedPrefixPagedKVCacheWrapper:
+    """Prefill/append attention of a batch whose requests share a prefix held in contiguous
+    k_shared / v_shared tensors, each request's own tokens in a paged cache (FlashInfer's class;
+    it suggests MultiLevelCascadeAttentionWrapper instead):
+
+        out[i] = attention of query i over the shared prefix (all of it) and its request's own
+                 keys (causal among them when forward's causal=True)
+
+    begin_forward(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
+    num_qo_heads, num_kv_heads, head_dim, page_size) records the unique part;
+    forward(q, k_shared, v_shared, unique_kv_cache, causal=False, use_fp16_qk_reduction=False,
+    sm_scale=None, rope_scale=None, rope_theta=None) -> out [qo_indptr[-1], num_qo_heads, head_dim].
+
+    Composed of kiln's public APIs: single_prefill_with_kv_cache over the prefix (non-causal,
+    every query), BatchPrefillWithPagedKVCacheWrapper over the requests' pages (planned on the
+    first forward of a (causal, sm_scale, dtype), as FlashInfer's older API fixed them at
+    forward), merge_state_in_place. use_fp16_qk_reduction is accepted and ignored; rope_scale /
+    rope_theta apply to nothing (no positional encoding inside attention here)."""
+
+    API = "BatchPrefillWithSharedPrefixPagedKVCacheWrapper"
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD") -> None:
+        from .prefill import BatchPrefillWithPagedKVCacheWrapper
+
+        self._kv_layout = _attention.check_layout(kv_layout, self.API)
+        self._prefill = BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout)
+        self._args = None
+        self._planned = None  # (causal, sm_scale, q dtype, kv dtype) of the unique part's plan
+
+    def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor, int_workspace_buffer=None) -> None:
+        """Use another float workspace (FlashInfer's method)."""
+        from .prefill import BatchPrefillWithPagedKVCacheWrapper
+
+        self._prefill = BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, self._kv_layout)
+        self._planned = None
+
+    def begin_forward(self, qo_indptr: torch.Tensor, paged_kv_indptr: torch.Tensor,
+                      paged_kv_indices: torch.Tensor, paged_kv_last_page_len: torch.Tensor, num_qo_heads: int,
+                      num_kv_heads: int, head_dim: int, page_size: int) -> None:
+        """Record the requests' queries and pages; the plan is made at forward (its causal flag)."""
+        api = self.API + ".begin_forward"
+        for name, t in (("qo_indptr", qo_indptr), ("paged_kv_indptr", paged_kv_indptr),
+                        ("paged_kv_indices", paged_kv_indices),
+                        ("paged_kv_last_page_len", paged_kv_last_page_len)):
+            _attention.index_tensor(t, name, api)
+        self._args = (qo_indptr.to("cpu", torch.int32), paged_kv_indptr.to("cpu", torch.int32),
+                      paged_kv_indices.clone(), paged_kv_last_page_len.to("cpu", torch.int32), num_qo_heads,
+                      num_kv_heads, head_dim, page_size)
+        self._planned = None
+
+    plan = begin_forward
+
+    @logged_api
+    def forward(self, q: torch.Tensor, k_shared: torch.Tensor, v_shared: torch.Tensor, unique_kv_cache,
+                causal: bool = False, use_fp16_qk_reduction: bool = False, sm_scale: float | None = None,
+                rope_scale=None, rope_theta=None) -> torch.Tensor:
+        """out [qo_indptr[-1], num_qo_heads, head_dim]."""
+        from .prefill import single_prefill_with_kv_cache
+
+        if self._args is None:
+            raise RuntimeError(f"{self.API}.forward called before begin_forward()")
+        _shared_as_page(k_shared, v_shared, self._kv_layout, self.API + ".forward")  # checks the shapes
+        k_cache, _ = _attention.split_cache(unique_kv_cache, self.API + ".forward")
+        key = (bool(causal), sm_scale, q.dtype, k_cache.dtype)
+        if key != self._planned:
+            self._prefill.plan(*self._args, causal=bool(causal), sm_scale=sm_scale, q_data_type=q.dtype,
+                               kv_data_type=k_cache.dtype)
+            self._planned = key
+        out_shared, lse_shared = single_prefill_with_kv_cache(q, k_shared, v_shared, causal=False,
+                                                              kv_layout=self._kv_layout, sm_scale=sm_scale,
+                                                              return_lse=True)
+        out, lse = self._prefill.run(q, unique_kv_cache, return_lse=True)
+        merge_state_in_place(out_shared, lse_shared, out, lse)
+        return out_shared
+
+    run = forward

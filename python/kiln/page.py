@@ -1,7 +1,9 @@
 """Writing new tokens into a paged KV cache (//ops/attention:page and :positions), FlashInfer's
 names:
 
-    get_batch_indices_positions(append_indptr, seq_lens, nnz) -> (batch_indices, positions)
+    get_batch_indices_positions(append_indptr, seq_lens, nnz, batch_indices=None, positions=None)
+        -> (batch_indices, positions)
+    get_seq_lens(kv_indptr, kv_last_page_len, page_size) -> seq_lens
     append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,
                           kv_indices, kv_indptr, kv_last_page_len, kv_layout="NHD",
                           k_scale=None, v_scale=None)
@@ -10,7 +12,10 @@ append_key/append_value [nnz, num_kv_heads, head_dim] are the new tokens of all 
 (request b's are rows append_indptr[b]:append_indptr[b+1]); token i goes to request
 batch_indices[i] at position positions[i], i.e. page kv_indices[kv_indptr[b] + pos // page_size],
 slot pos % page_size. seq_lens are the requests' lengths after the append, so a request appending
-n tokens writes positions seq_len - n ... seq_len - 1. The page table must already cover them:
+n tokens writes positions seq_len - n ... seq_len - 1. nnz may exceed append_indptr[-1] (buffers
+sized past the real tokens): the extra entries are padding, batch index -1 (position 0, or left as
+given in a preallocated `positions`), and append_paged_kv_cache refuses them (a batch index -1 is
+no request). The page table must already cover them:
 position p of request b must be below its length (pages - 1) * page_size + kv_last_page_len[b].
 The cache has the keys' dtype, or is torch.float8_e4m3fn: then it receives e4m3(key / k_scale) and
 e4m3(value / v_scale) (per-tensor float scales, None is 1; rounded to nearest even and saturated at
@@ -35,10 +40,15 @@ from .trace import traced
 
 @logged_api
 @traced(attention_traces.GET_BATCH_INDICES_POSITIONS)
-def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Tensor, nnz: int):
+def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Tensor, nnz: int,
+                                batch_indices: torch.Tensor | None = None,
+                                positions: torch.Tensor | None = None):
     """(batch_indices, positions), int32 [nnz], for packed appended tokens: one kernel, no host
-    synchronisation. append_indptr [batch + 1] (from 0, non-decreasing, ending at nnz) and
-    seq_lens [batch] are int32 on one device."""
+    synchronisation. append_indptr [batch + 1] (from 0, non-decreasing, ending at most at nnz) and
+    seq_lens [batch] (the lengths after the append) are int32 on one device. batch_indices /
+    positions: FlashInfer's preallocated outputs (int32 [nnz] on that device), written and
+    returned; tokens past append_indptr[-1] get batch index -1 and keep their position entry (0
+    when this function allocates it)."""
     api = "kiln.get_batch_indices_positions"
     _attention.index_tensor(append_indptr, "append_indptr", api)
     _attention.index_tensor(seq_lens, "seq_lens", api)
@@ -47,12 +57,38 @@ def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Ten
     if seq_lens.numel() != append_indptr.numel() - 1:
         raise ValueError(f"{api}: seq_lens has {seq_lens.numel()} entries; append_indptr's "
                          f"{append_indptr.numel()} entries describe a batch of {append_indptr.numel() - 1}")
-    if seq_lens.device != append_indptr.device:
-        raise ValueError(f"{api}: seq_lens is on {seq_lens.device}, append_indptr on {append_indptr.device}")
-    batch_indices = torch.empty(nnz, dtype=torch.int32, device=append_indptr.device)
-    positions = torch.empty_like(batch_indices)
+    device = append_indptr.device
+    if seq_lens.device != device:
+        raise ValueError(f"{api}: seq_lens is on {seq_lens.device}, append_indptr on {device}")
+    outs = []
+    for name, given in (("batch_indices", batch_indices), ("positions", positions)):
+        if given is None:
+            given = torch.zeros(nnz, dtype=torch.int32, device=device)
+        elif not isinstance(given, torch.Tensor) or given.dtype != torch.int32 or given.shape != (nnz,) or \
+                given.device != device:
+            what = (f"{given.dtype} {list(given.shape)} on {given.device}" if isinstance(given, torch.Tensor)
+                    else type(given).__name__)
+            raise ValueError(f"{api}: {name} must be an int32 tensor of shape [{nnz}] on {device}, got "
+                             f"{what}")
+        outs.append(given)
+    batch_indices, positions = outs
     _positions_op(append_indptr.to(torch.int32), seq_lens.to(torch.int32), batch_indices, positions)
     return batch_indices, positions
+
+
+def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Each request's length from its page table (FlashInfer's function): (pages - 1) * page_size +
+    kv_last_page_len, with pages = kv_indptr[b + 1] - kv_indptr[b] (a request with no pages gives
+    kv_last_page_len). On the tensors' device, in their dtype; no kernel of kiln's."""
+    api = "kiln.get_seq_lens"
+    _attention.index_tensor(kv_indptr, "kv_indptr", api)
+    _attention.index_tensor(kv_last_page_len, "kv_last_page_len", api)
+    if kv_last_page_len.numel() != kv_indptr.numel() - 1:
+        raise ValueError(f"{api}: kv_last_page_len has {kv_last_page_len.numel()} entries; kv_indptr's "
+                         f"{kv_indptr.numel()} entries describe a batch of {kv_indptr.numel() - 1}")
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"{api}: page_size must be a positive int, got {page_size!r}")
+    return torch.clamp(kv_indptr[1:] - kv_indptr[:-1] - 1, min=0) * page_size + kv_last_page_len
 
 
 @custom_op("get_batch_indices_positions", mutates=("batch_indices", "positions"))

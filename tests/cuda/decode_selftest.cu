@@ -95,7 +95,7 @@ struct Batch {
   int32_t *indptr = nullptr, *indices = nullptr;
   std::vector<int32_t> h_indptr, h_indices;
   // plan
-  int32_t *w_request, *w_begin, *w_end, *w_out, *w_merge, *m_request, *m_indptr, *m_counter;
+  int32_t *w_request, *w_begin, *w_end, *w_out, *w_merge, *m_request, *m_indptr, *m_counter, *kv_lens;
   int64_t items = 0, merges = 0, slots = 0;
   float *partial_out = nullptr, *partial_lse = nullptr;
   DecodeParams params{};
@@ -193,6 +193,7 @@ Batch make_batch(const Problem& pr, std::mt19937& rng, bool keep_host) {
   b.w_merge = upload(mergei);
   b.m_request = upload(mreq.empty() ? std::vector<int32_t>{0} : mreq);
   b.m_indptr = upload(mptr);
+  b.kv_lens = upload(std::vector<int32_t>(pr.batch, pr.kv_len));
   const int heads = heads_per_cta(pr.hq / pr.hk);
   const int64_t counters = std::max<int64_t>(1, b.merges * pr.hk * (pr.hq / pr.hk / heads));
   b.m_counter = dev_alloc<int32_t>(counters);
@@ -214,6 +215,7 @@ Batch make_batch(const Problem& pr, std::mt19937& rng, bool keep_host) {
   p.kv.page_indptr = b.indptr, p.kv.page_indices = b.indices;
   p.kv.page_size = pr.page, p.kv.num_pages = b.num_pages, p.kv.num_indices = b.num_pages;
   p.num_qo_heads = pr.hq, p.num_kv_heads = pr.hk;
+  p.kv_len = b.kv_lens, p.q_len = 1, p.window_left = -1;
   p.work_request = b.w_request, p.work_token_begin = b.w_begin, p.work_token_end = b.w_end;
   p.work_out_index = b.w_out, p.work_merge_index = b.w_merge, p.work_capacity = b.items;
   p.merge_request = b.m_request, p.merge_indptr = b.m_indptr, p.merge_capacity = b.merges;
@@ -228,12 +230,12 @@ Batch make_batch(const Problem& pr, std::mt19937& rng, bool keep_host) {
 }
 
 void free_batch(Batch& b) {
-  for (void* x :
-       {static_cast<void*>(b.cache), static_cast<void*>(b.q), static_cast<void*>(b.out), static_cast<void*>(b.lse),
-        static_cast<void*>(b.indptr), static_cast<void*>(b.indices), static_cast<void*>(b.w_request),
-        static_cast<void*>(b.w_begin), static_cast<void*>(b.w_end), static_cast<void*>(b.w_out),
-        static_cast<void*>(b.w_merge), static_cast<void*>(b.m_request), static_cast<void*>(b.m_indptr),
-        static_cast<void*>(b.m_counter), static_cast<void*>(b.partial_out), static_cast<void*>(b.partial_lse)}) {
+  for (void* x : {static_cast<void*>(b.cache), static_cast<void*>(b.q), static_cast<void*>(b.out),
+                  static_cast<void*>(b.lse), static_cast<void*>(b.indptr), static_cast<void*>(b.indices),
+                  static_cast<void*>(b.w_request), static_cast<void*>(b.w_begin), static_cast<void*>(b.w_end),
+                  static_cast<void*>(b.w_out), static_cast<void*>(b.w_merge), static_cast<void*>(b.m_request),
+                  static_cast<void*>(b.m_indptr), static_cast<void*>(b.m_counter), static_cast<void*>(b.partial_out),
+                  static_cast<void*>(b.partial_lse), static_cast<void*>(b.kv_lens)}) {
     if (x) CK(cudaFree(x));
   }
 }

@@ -64,7 +64,7 @@ def test_a_wrapper_run_inside_another_api_is_logged_nested_and_dumped_once(decor
     outer = re.search(r"#(\d+) kiln\.single_decode_with_kv_cache$", log, re.M)
     assert outer and re.search(rf"#\d+ kiln\.BatchDecodeWithPagedKVCacheWrapper\.run \(inside #{outer[1]}\)$",
                                log, re.M)
-    uri = "attention_decode_dtype_bf16_kv_dtype_bf16_head_dim_128_soft_cap_false"
+    uri = "attention_decode_dtype_bf16_kv_dtype_bf16_head_dim_128_soft_cap_false_rope_false"
     # the module run() got from plan()
     assert re.search(rf"using module {uri}_host \(//ops/attention:decode, host backend", log)
     (call,) = calls(dump_dir)  # the outer call only

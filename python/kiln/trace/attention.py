@@ -159,22 +159,33 @@ BATCH_DECODE = TraceTemplate(
     ),
     options={
         "args": "FlashInfer's extra positional arguments; not supported",
-        "q_scale": "fp8 queries; not supported",
+        "q_scale": "a scale folded into sm_scale: 1",
         "k_scale": "the cache's scale: 1 (these workloads' caches are 16-bit; fp8: decode_fp8.py)",
         "v_scale": "as k_scale",
         "lse": "second output, not benchmarked",
         "return_lse": "as lse",
         "enable_pdl": "launch detail",
         "window_left": "no sliding window",
-        "pos_encoding_mode": "NONE: RoPE is applied before attention",
+        "sinks": "attention sinks; not supported",
+        "q_len_per_req": "one query a request (multi-token decode: tests); run()'s is a deprecated check",
+        "skip_softmax_threshold_scale_factor": "skip-softmax sparsity; not supported",
+        "kv_cache_sf": "NVFP4 caches; not supported",
+        "pos_encoding_mode": "NONE: RoPE is applied before attention (ROPE_LLAMA: tests only)",
         "logits_soft_cap": "none for these models",
         "q_data_type": "the workload dtype",
         "kv_data_type": "the workload dtype",
-        "data_type": "deprecated alias of q_data_type",
+        "o_data_type": "q's dtype",
+        "data_type": "deprecated alias of q_data_type / kv_data_type",
         "sm_scale": "the default 1/sqrt(head_dim)",
         "rope_scale": "no RoPE",
         "rope_theta": "no RoPE",
         "non_blocking": "host-to-device copies in plan",
+        "block_tables": "FlashInfer's dense page table for other backends; unused",
+        "seq_lens": "a check of the page table's lengths",
+        "fixed_split_size": "the split heuristic (None)",
+        "disable_split_kv": "the split heuristic (False)",
+        "window_right": "0, the only value",
+        "is_causal": "derived from q_len_per_req",
     },
     make_inputs=paged_decode_inputs,
     reference=batch_decode_reference,
@@ -205,7 +216,7 @@ SINGLE_DECODE = TraceTemplate(
         "kv_layout": "NHD",
         "pos_encoding_mode": "NONE: RoPE is applied before attention",
         "use_tensor_cores": "accepted, ignored",
-        "q_scale": "fp8 queries; not supported",
+        "q_scale": "a scale folded into sm_scale: 1",
         "k_scale": "the cache's scale: 1 (16-bit caches)",
         "v_scale": "as k_scale",
         "window_left": "no sliding window",
@@ -344,11 +355,17 @@ def batch_indices_positions_inputs(t, axes, dtype, device, gen):
 
 
 def batch_indices_positions_reference(append_indptr, seq_lens, nnz):
+    """Token i of request b (append_indptr[b] <= i < append_indptr[b + 1]) sits at position
+    seq_lens[b] - count_b + (i - append_indptr[b]); tokens past append_indptr[-1] (up to nnz) are
+    padding: batch index -1, position 0 (FlashInfer's zero-filled allocation)."""
     counts = (append_indptr[1:] - append_indptr[:-1]).long()
+    real = int(append_indptr[-1])
     batch = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts)
-    offset = torch.arange(nnz, device=counts.device) - append_indptr[:-1].long()[batch]
+    offset = torch.arange(real, device=counts.device) - append_indptr[:-1].long()[batch]
     positions = seq_lens.long()[batch] - counts[batch] + offset
-    return {"batch_indices": batch.int(), "positions": positions.int()}
+    pad = torch.full((nnz - real,), -1, dtype=torch.int64, device=counts.device)
+    return {"batch_indices": torch.cat([batch, pad]).int(),
+            "positions": torch.cat([positions, pad + 1]).int()}
 
 
 APPEND_AXES = {

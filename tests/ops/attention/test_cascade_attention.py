@@ -157,3 +157,65 @@ def test_plan_and_run_say_what_is_wrong():
     with pytest.raises(ValueError, match=r"q must be \[2, num_qo_heads, head_dim\]"):
         w.run(torch.zeros(3, 1, 64, dtype=torch.bfloat16),
               torch.zeros(3, 2, PAGE, 1, 64, dtype=torch.bfloat16))
+
+
+# ---- the shared-prefix wrappers (FlashInfer's older cascade API) -----------------------------------
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_shared_prefix_wrappers_match_the_attention_over_prefix_and_pages(device, layout):
+    """BatchDecode/BatchPrefillWithSharedPrefixPagedKVCacheWrapper: the prefix in contiguous
+    k_shared / v_shared, each request's own tokens paged; out = attention over both (prefill:
+    causal among a request's own keys, the prefix before every query), GQA 8/2."""
+    gen = torch.Generator().manual_seed(21)
+    dtype, hq, hk, d = torch.float16, 8, 2, 128
+    shared_len, unique = 300, [40, 1, 77]
+    k_shared = torch.randn(shared_len, hk, d, generator=gen).to(device, dtype)
+    v_shared = torch.randn(shared_len, hk, d, generator=gen).to(device, dtype)
+    pool = Pool(64, hk, d, dtype, device, gen)
+    if layout == "HND":
+        pool.cache = pool.cache.transpose(2, 3).contiguous().transpose(2, 3)  # same values, HND strides below
+    spans = [pool.span(n) for n in unique]
+    indptr, indices, last = level(spans, device)
+    cache = pool.cache if layout == "NHD" else pool.cache.transpose(2, 3)
+    shared = (k_shared, v_shared) if layout == "NHD" else (k_shared.transpose(0, 1), v_shared.transpose(0, 1))
+
+    def whole(b):
+        k, v = pool.keys(*spans[b])
+        return torch.cat([k_shared, k]), torch.cat([v_shared, v])
+
+    q = torch.randn(len(unique), hq, d, generator=gen).to(device, dtype)
+    w = kiln.BatchDecodeWithSharedPrefixPagedKVCacheWrapper(ws(device), layout)
+    w.begin_forward(indptr, indices, last, hq, hk, d, PAGE)
+    out = w.forward(q, *shared, cache)
+    for b in range(len(unique)):
+        ref, _ = attention(q[b:b + 1], *whole(b))
+        check(out[b:b + 1], ref, dtype)
+
+    qo_lens = [5, 1, 30]
+    qo_indptr = torch.tensor([0, 5, 6, 36], dtype=torch.int32, device=device)
+    q = torch.randn(sum(qo_lens), hq, d, generator=gen).to(device, dtype)
+    p = kiln.BatchPrefillWithSharedPrefixPagedKVCacheWrapper(ws(device), layout)
+    p.begin_forward(qo_indptr, indptr, indices, last, hq, hk, d, PAGE)
+    for causal in (False, True):
+        out = p.forward(q, *shared, cache, causal=causal)
+        for b in range(len(unique)):
+            rows = slice(int(qo_indptr[b]), int(qo_indptr[b + 1]))
+            k, v = whole(b)
+            ref, _ = attention(q[rows], k, v)
+            if causal:  # the prefix is visible to all; a request's own keys causally (aligned to the end)
+                ku, _ = pool.keys(*spans[b])
+                n = qo_lens[b]
+                pos = torch.arange(n, device=device)[:, None] + ku.shape[0] - n
+                kf, vf = (x.float().repeat_interleave(hq // hk, 1) for x in (k, v))
+                logits = torch.einsum("ihd,jhd->hij", q[rows].float(), kf)
+                logits = logits / d**0.5
+                visible = torch.arange(k.shape[0], device=device)[None, :] < shared_len + pos + 1
+                logits = logits.masked_fill(~visible, float("-inf"))
+                ref = torch.einsum("hij,jhd->ihd", logits.softmax(-1), vf)
+            check(out[rows], ref, dtype)
+    with pytest.raises(RuntimeError, match="forward called before begin_forward"):
+        kiln.BatchDecodeWithSharedPrefixPagedKVCacheWrapper(ws(device)).forward(q, *shared, cache)
+    with pytest.raises(ValueError, match="k_shared must be a 3-D tensor"):
+        w.forward(q[:3], k_shared[None], v_shared[None], cache)

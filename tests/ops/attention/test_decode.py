@@ -310,8 +310,23 @@ def test_bad_inputs(device):
         w.plan(batch.indptr, batch.indices, torch.tensor([4, 17], dtype=torch.int32), 4, 2, 64, 16)
     with pytest.raises(ValueError, match="indptr must start at 0 and be non-decreasing"):
         w.plan(torch.tensor([0, 3, 2], dtype=torch.int32), batch.indices, batch.last_page_len, 4, 2, 64, 16)
-    with pytest.raises(ValueError, match="pos_encoding_mode 'ROPE_LLAMA' is not supported"):
-        w.plan(batch.indptr, batch.indices, batch.last_page_len, 4, 2, 64, 16, pos_encoding_mode="ROPE_LLAMA")
+    with pytest.raises(ValueError, match="pos_encoding_mode must be one of 'NONE', 'ROPE_LLAMA', got 'ALI"):
+        w.plan(batch.indptr, batch.indices, batch.last_page_len, 4, 2, 64, 16, pos_encoding_mode="ALIBI")
+    with pytest.raises(ValueError, match="q_len_per_req=3 needs kv_len >= q_len_per_req .* empty KV range"):
+        w.plan(torch.tensor([0, 1, 3], dtype=torch.int32), batch.indices,
+               torch.tensor([2, 14], dtype=torch.int32), 4, 2, 64, 16, q_len_per_req=3)
+    with pytest.raises(NotImplementedError, match="is_causal=False with q_len_per_req=2"):
+        w.plan(batch.indptr, batch.indices, batch.last_page_len, 4, 2, 64, 16, q_len_per_req=2,
+               is_causal=False)
+    with pytest.raises(NotImplementedError, match="window_right must be 0"):
+        w.plan(batch.indptr, batch.indices, batch.last_page_len, 4, 2, 64, 16, window_right=-1)
+    with pytest.raises(TypeError, match="o_data_type torch.float32 is not supported"):
+        w.plan(batch.indptr, batch.indices, batch.last_page_len, 4, 2, 64, 16, o_data_type=torch.float32)
+    with pytest.raises(ValueError, match=r"seq_lens \[20, 31\] differ from the page table's lengths \[20, "):
+        w.plan(batch.indptr, batch.indices, batch.last_page_len, 4, 2, 64, 16,
+               seq_lens=torch.tensor([20, 31], dtype=torch.int32))
+    with pytest.raises(ValueError, match="jit_args .* is not supported"):
+        kiln.BatchDecodeWithPagedKVCacheWrapper(ws, jit_args=[])
     w.plan(batch.indptr, batch.indices, batch.last_page_len, 4, 2, 64, 16, q_data_type=torch.float16)
     q = torch.randn(2, 4, 64, generator=gen).to(device=device, dtype=torch.float16)
     with pytest.raises(ValueError,
@@ -328,8 +343,12 @@ def test_bad_inputs(device):
     misaligned = raw[4:4 + batch.k_cache.numel()].view(batch.k_cache.shape)  # 8 bytes off 16
     with pytest.raises(ValueError, match="k_cache must be 16-byte aligned"):
         w.run(q, (misaligned, batch.v_cache))
-    with pytest.raises(ValueError, match="q_scale and extra positional arguments .* are not supported"):
-        w.run(q, (batch.k_cache, batch.v_cache), q_scale=1.0)
+    with pytest.raises(ValueError, match="extra positional arguments .* are not supported"):
+        w.run(q, (batch.k_cache, batch.v_cache), None)
+    with pytest.raises(ValueError, match="sinks is not supported"):
+        w.run(q, (batch.k_cache, batch.v_cache), sinks=torch.zeros(4, device=device))
+    with pytest.raises(ValueError, match=r"q has 4 rows; the plan's batch of 2 x q_len_per_req 1 needs 2"):
+        w.run(torch.zeros(4, 4, 64, dtype=torch.float16, device=device), (batch.k_cache, batch.v_cache))
     with pytest.raises(ValueError, match="use_cuda_graph=True needs fixed page-table buffers"):
         kiln.BatchDecodeWithPagedKVCacheWrapper(ws, use_cuda_graph=True)
     with pytest.raises(ValueError, match="kv_layout must be 'NHD' or 'HND'"):

@@ -300,8 +300,14 @@ def test_bad_fp8_inputs(device):
     for bad in (0.0, -1.0, math.inf, math.nan, True):
         with pytest.raises(ValueError, match="k_scale must be a finite number > 0"):
             w.run(q, cache, k_scale=bad, v_scale=vs)
-    with pytest.raises(ValueError, match="q_scale"):
-        w.run(q, cache, q_scale=1.0, k_scale=ks, v_scale=vs)
+    # q_scale folds into the softmax scale (FlashInfer's run does the same): run(q_scale=0.5) is the
+    # plan with sm_scale halved, bit for bit.
+    halved = kiln.BatchDecodeWithPagedKVCacheWrapper(ws)
+    halved.plan(*args, q_data_type=torch.bfloat16, kv_data_type=FP8, sm_scale=0.5 / math.sqrt(64))
+    assert torch.equal(w.run(q, cache, q_scale=0.5, k_scale=ks, v_scale=vs),
+                       halved.run(q, cache, k_scale=ks, v_scale=vs))
+    with pytest.raises(ValueError, match="q_scale must be a finite number > 0"):
+        w.run(q, cache, q_scale=-1.0, k_scale=ks, v_scale=vs)
     with pytest.raises(ValueError, match="cache dtype: planned torch.float8_e4m3fn, got torch.bfloat16"):
         w.run(q, (batch.k_cache.to(torch.bfloat16), batch.v_cache.to(torch.bfloat16)), k_scale=ks)
     assert torch.equal(

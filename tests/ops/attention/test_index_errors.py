@@ -190,18 +190,16 @@ def test_positions_match_the_reference(device):
 
 
 @pytest.mark.parametrize("device", device_params())
-@pytest.mark.parametrize("case", ["decreasing", "short_seq", "nnz_past", "nnz_short", "not_from_zero"])
+@pytest.mark.parametrize("case", ["decreasing", "short_seq", "nnz_short", "not_from_zero"])
 def test_positions_of_inconsistent_inputs_are_an_index_error(device, case):
     indptr, seq, nnz = [0, 3, 5], [3, 4], 5
-    message = r"append_indptr must start at 0, never decrease and end at nnz = \d+"
+    message = r"append_indptr must start at 0, never decrease and end at most at nnz = \d+"
     if case == "decreasing":
         indptr = [0, 4, 2]
         nnz = 2
     elif case == "short_seq":
         seq = [3, 1]
         message = r"seq_lens\[1\] = 1 is shorter than the 2 token\(s\) request 1 appends"
-    elif case == "nnz_past":
-        nnz = 7
     elif case == "nnz_short":
         nnz = 4
     else:
@@ -214,6 +212,26 @@ def test_positions_of_inconsistent_inputs_are_an_index_error(device, case):
         assert bool(((bi == -1) == (pos == -1)).all()) and bool((bi == -1).any())
 
 
+@pytest.mark.parametrize("device", device_params())
+def test_positions_past_the_real_tokens_are_padding(device):
+    """nnz beyond append_indptr[-1] (FlashInfer's contract): those entries get batch index -1 and
+    keep the position a preallocated output holds (0 when allocated here); no error."""
+    from kiln.trace.attention import batch_indices_positions_reference
+
+    indptr = torch.tensor([0, 3, 5], dtype=torch.int32, device=device)
+    seq = torch.tensor([3, 4], dtype=torch.int32, device=device)
+    bi, pos = kiln.get_batch_indices_positions(indptr, seq, 7)
+    ref = batch_indices_positions_reference(indptr, seq, 7)
+    assert torch.equal(bi, ref["batch_indices"]) and torch.equal(pos, ref["positions"])
+    assert bi[5:].tolist() == [-1, -1]
+    pre_bi = torch.full((7,), 9, dtype=torch.int32, device=device)
+    pre_pos = torch.full((7,), -2, dtype=torch.int32, device=device)
+    out = kiln.get_batch_indices_positions(indptr, seq, 7, pre_bi, pre_pos)
+    assert out[0] is pre_bi and out[1] is pre_pos
+    assert pre_bi.tolist() == [0, 0, 0, 1, 1, -1, -1] and pre_pos.tolist() == [0, 1, 2, 2, 3, -2, -2]
+    kiln.check_errors()
+
+
 def test_positions_bad_arguments_are_clear_errors():
     indptr = torch.tensor([0, 2], dtype=torch.int32)
     with pytest.raises(TypeError, match="append_indptr must be an int32 tensor .* got torch.float32"):
@@ -222,6 +240,12 @@ def test_positions_bad_arguments_are_clear_errors():
         kiln.get_batch_indices_positions(indptr, torch.tensor([2], dtype=torch.int32), -1)
     with pytest.raises(ValueError, match="seq_lens has 2 entries; append_indptr's 2 entries describe"):
         kiln.get_batch_indices_positions(indptr, torch.tensor([2, 3], dtype=torch.int32), 2)
+    with pytest.raises(ValueError, match=r"positions must be an int32 tensor of shape \[2\] on cpu, got "
+                                         r"torch.int64 \[2\] on cpu"):
+        kiln.get_batch_indices_positions(indptr, torch.tensor([2], dtype=torch.int32), 2,
+                                         positions=torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="kv_last_page_len has 2 entries; kv_indptr's 2 entries"):
+        kiln.get_seq_lens(indptr, torch.tensor([2, 3], dtype=torch.int32), 4)
 
 
 # --- aliasing, empty inputs, autograd ------------------------------------------------------------

@@ -70,6 +70,16 @@ def test_merge_state_and_in_place_with_mask(device):
     assert torch.equal(vi[~mask], va[~mask]) and torch.equal(si[~mask], sa[~mask])
     torch.testing.assert_close(vi[mask].float(), rv[mask], rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(si[mask], rs[mask], rtol=1e-5, atol=1e-5)
+    # a strided mask (every third flag of a larger tensor) and a broadcast one (stride 0)
+    wide = torch.zeros(3 * 23, dtype=torch.bool, device=device)
+    wide[::3] = mask
+    vj, sj = va.clone(), sa.clone()
+    kiln.merge_state_in_place(vj, sj, vb, sb, mask=wide[::3])
+    assert torch.equal(vj, vi) and torch.equal(sj, si)
+    for flag in (False, True):
+        vk, sk = va.clone(), sa.clone()
+        kiln.merge_state_in_place(vk, sk, vb, sb, mask=torch.tensor([flag], device=device).expand(23))
+        assert torch.equal(vk, out if flag else va) and torch.equal(sk, lse if flag else sa)
 
 
 @pytest.mark.parametrize("device", device_params())
@@ -87,6 +97,13 @@ def test_attention_over_two_halves_merges_to_the_whole(device, split):
     torch.testing.assert_close(lse[0], whole_lse, rtol=1e-5, atol=1e-5)
     ref, ref_lse = reference_decode(q, k, v)
     torch.testing.assert_close(merged[0].float(), ref, rtol=4e-3, atol=4e-3)
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_get_seq_lens(device):
+    indptr = torch.tensor([0, 3, 3, 4, 9], dtype=torch.int32, device=device)
+    last = torch.tensor([5, 7, 16, 1], dtype=torch.int32, device=device)
+    assert kiln.get_seq_lens(indptr, last, 16).tolist() == [2 * 16 + 5, 7, 16, 4 * 16 + 1]
 
 
 def test_get_batch_indices_positions():
