@@ -6,7 +6,8 @@
 #
 #   bash scripts/flashinfer_round.sh [pytest args, default: tests/flashinfer]
 #
-# TEST_WORKERS (default 8) xdist workers; EXTRA_TESTS="tests/ops/norm ..." kiln's own GPU tests
+# TEST_WORKERS (default 8) xdist workers; pytest's --sample N (tests/conftest.py) keeps every N-th
+# case of each test for a quick round; EXTRA_TESTS="tests/ops/norm ..." kiln's own GPU tests
 # after the re-created ones (EXTRA_WORKERS, default TEST_WORKERS); DEADLINE (s, default 540)
 # bounds every step, so whatever finished is kept. The JIT cache is $KILN_WORKSPACE_BASE (a warm
 # machine keeps it between calls).
@@ -23,7 +24,8 @@ workers=${TEST_WORKERS:-8}
 args=("$@"); [ ${#args[@]} -eq 0 ] && args=(tests/flashinfer)
 
 step "pytest -m gpu ${args[*]} ($workers workers)"
-timeout "$(left)" python3 -m pytest -m gpu "${args[@]}" -n "$workers" -q -p no:cacheprovider \
+# SIGINT at the deadline: pytest stops and still writes the junit XML of what finished.
+timeout -s INT -k 30 "$(left)" python3 -m pytest -m gpu "${args[@]}" -n "$workers" -q -p no:cacheprovider \
   --junitxml="$OUT/flashinfer_gpu.xml" >"$OUT/pytest_flashinfer.log" 2>&1 || status=1
 tail -n 30 "$OUT/pytest_flashinfer.log"
 if [ -s "$OUT/flashinfer_gpu.xml" ]; then
@@ -34,7 +36,7 @@ fi
 if [ -n "${EXTRA_TESTS:-}" ]; then
   step "pytest -m gpu $EXTRA_TESTS"
   # shellcheck disable=SC2086  # a list of paths and -k filters
-  timeout "$(left)" python3 -m pytest -m gpu $EXTRA_TESTS -n "${EXTRA_WORKERS:-$workers}" -q \
+  timeout -s INT -k 30 "$(left)" python3 -m pytest -m gpu $EXTRA_TESTS -n "${EXTRA_WORKERS:-$workers}" -q \
     -p no:cacheprovider >"$OUT/pytest_extra.log" 2>&1 || status=1
   tail -n 30 "$OUT/pytest_extra.log"
 fi

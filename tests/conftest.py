@@ -36,9 +36,30 @@ for knob in [k for k in os.environ if k.startswith(("KILN_LOG", "KILN_DUMP"))] +
     os.environ.pop(knob, None)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--sample", type=int, default=1, metavar="N",
+                     help="keep every N-th case of each parametrised test (its first included): a quick "
+                          "device round over large grids such as tests/flashinfer's")
+
+
+def _sampled(config, items) -> None:
+    every = config.getoption("sample")
+    if every <= 1:
+        return
+    seen: dict[tuple, int] = {}
+    kept, dropped = [], []
+    for item in items:
+        key = (item.path, getattr(item, "originalname", item.name))
+        index = seen[key] = seen.get(key, -1) + 1
+        (kept if index % every == 0 else dropped).append(item)
+    config.hook.pytest_deselected(items=dropped)
+    items[:] = kept
+
+
 def pytest_collection_modifyitems(config, items):
     from kiln import utils
 
+    _sampled(config, items)
     if utils.cuda_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (kiln.utils.cuda_available() is False)")
