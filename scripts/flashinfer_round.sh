@@ -8,7 +8,8 @@
 #
 # TEST_WORKERS (default 8) xdist workers; pytest's --sample N (tests/conftest.py) keeps every N-th
 # case of each test for a quick round; EXTRA_TESTS="tests/ops/norm ..." kiln's own GPU tests
-# after the re-created ones (EXTRA_WORKERS, default TEST_WORKERS); DEADLINE (s, default 540)
+# after the re-created ones (EXTRA_WORKERS, default TEST_WORKERS); FI_SECONDS caps the re-created
+# tests' step, leaving the rest of the deadline to EXTRA_TESTS; DEADLINE (s, default 540)
 # bounds every step, so whatever finished is kept. The JIT cache is $KILN_WORKSPACE_BASE (a warm
 # machine keeps it between calls).
 set -uo pipefail
@@ -25,7 +26,8 @@ args=("$@"); [ ${#args[@]} -eq 0 ] && args=(tests/flashinfer)
 
 step "pytest -m gpu ${args[*]} ($workers workers)"
 # SIGINT at the deadline: pytest stops and still writes the junit XML of what finished.
-timeout -s INT -k 30 "$(left)" python3 -m pytest -m gpu "${args[@]}" -n "$workers" -q -p no:cacheprovider \
+budget=$(left); [ -n "${FI_SECONDS:-}" ] && [ "$FI_SECONDS" -lt "$budget" ] && budget=$FI_SECONDS
+timeout -s INT -k 30 "$budget" python3 -m pytest -m gpu "${args[@]}" -n "$workers" -q -p no:cacheprovider \
   --junitxml="$OUT/flashinfer_gpu.xml" >"$OUT/pytest_flashinfer.log" 2>&1 || status=1
 tail -n 30 "$OUT/pytest_flashinfer.log"
 if [ -s "$OUT/flashinfer_gpu.xml" ]; then
