@@ -5,6 +5,10 @@ would be a tenth of their Python overhead; remembered, it is one dictionary look
 
 None and True resolve alike (on where the device supports it: CUDA sm90+), so the answer depends
 on the device alone. Tensors' devices carry their index, so a key names one GPU.
+
+Under torch.compile the answer is a constant of the graph (assume_constant_result: dynamo calls
+the function at trace time rather than tracing the capability queries behind it); in eager mode
+the decorator costs nothing (it marks the function).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from . import utils
 _supported: dict[torch.device, bool] = {}
 
 
+@torch.compiler.assume_constant_result
 def resolve(enable_pdl: bool | None, device: torch.device) -> bool:
     """utils.use_pdl(enable_pdl, device): False never launches with PDL; None and True do on sm90+
     CUDA devices; anything else is the TypeError use_pdl raises."""
