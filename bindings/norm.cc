@@ -128,6 +128,7 @@ kiln::norm::QuantArgs checked_quant(const TensorView& out, py::handle scale_obj,
   kiln::bindings::check_dtype(scale, kiln::bindings::dl_dtype<float>(), "the scale is float32");
   if (scale.numel() != 1) value_error("scale must hold one element, got shape " + scale.shape_str());
   kiln::bindings::check_element_aligned(scale, sizeof(float));
+  kiln::bindings::check_disjoint(out, scale);  // every block reads it while others write out
   return {format, static_cast<const float*>(scale.data), 1.0f};
 }
 

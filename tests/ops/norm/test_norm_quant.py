@@ -204,6 +204,8 @@ def test_bad_inputs(device):
         kiln.fused_add_rmsnorm_quant(raw[:256].view(torch.float8_e4m3fn).view(4, 64), x, xs, w, 1.0)
     with pytest.raises(ValueError, match="input and residual overlap in memory"):
         kiln.fused_add_rmsnorm_quant(out, x, x, w, 1.0)
+    with pytest.raises(ValueError, match="out and scale overlap in memory"):
+        kiln.rmsnorm_quant(out, x, w, out.view(torch.uint8)[0, :4].view(torch.float32))
 
 
 @pytest.mark.gpu
