@@ -2,7 +2,9 @@
 // point (ops/activation/activation.h) on the caller's stream. Compiled by the host compiler for both
 // toolchains; only this layer knows Python. Arguments are keyword-only.
 //
-//   act_and_mul(*, out, input, act, stream=0)       act: the values of the exported `acts` dict
+//   act_and_mul(*, out, input, act, pdl=False, stream=0)   act: the values of the exported `acts` dict
+//
+// pdl: launch with programmatic dependent launch (the caller resolved it: sm90+ CUDA only).
 //
 // input [..., 2d] and out [..., d] of the module's dtype, on one device, each contiguous in its last
 // dimension; the leading dimensions of each must fold into one row stride (any row stride).
@@ -11,6 +13,7 @@
 #include <cstdint>
 #include <string>
 
+#include "bindings/common/errors.h"
 #include "bindings/common/tensor_view.h"
 #include "ops/activation/activation.h"
 #include "ops/common/dtypes.h"
@@ -45,7 +48,7 @@ int64_t row_stride(const TensorView& t) {
   return stride;
 }
 
-void act_and_mul(py::handle out_obj, py::handle input_obj, int act, uintptr_t stream) {
+void act_and_mul(py::handle out_obj, py::handle input_obj, int act, bool pdl, uintptr_t stream) {
   TensorView input = view_of(input_obj, "input");
   kiln::bindings::check_backend_device(input);
   kiln::bindings::check_dtype(input, kDType, std::string("this module is ") + kiln::spec::kUri);
@@ -82,14 +85,13 @@ void act_and_mul(py::handle out_obj, py::handle input_obj, int act, uintptr_t st
   p.in_stride = row_stride(input);
   p.out_stride = row_stride(out);
   p.act = static_cast<kiln::activation::Act>(act);
-  const kiln::LaunchContext ctx{reinterpret_cast<void*>(stream),
-                                input.device.device_type == kiln::dl::kCPU ? -1 : input.device.device_id};
+  const kiln::LaunchContext ctx = kiln::bindings::launch_context(input, stream, 0, pdl);
   kiln::Status s;
   {
     py::gil_scoped_release no_gil;
     s = kiln::activation::act_and_mul(p, ctx);
   }
-  if (!s.ok()) throw std::runtime_error("kiln " + std::string(kiln::spec::kUri) + ": " + s.message);
+  kiln::bindings::raise_if_failed(s, kiln::spec::kUri);
 }
 
 }  // namespace
@@ -104,5 +106,5 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
   acts["gelu_tanh"] = static_cast<int>(kiln::activation::Act::kGeluTanh);
   m.attr("acts") = acts;
   m.def("act_and_mul", &act_and_mul, py::kw_only(), py::arg("out"), py::arg("input"), py::arg("act"),
-        py::arg("stream") = 0, "out = act(input[..., :d]) * input[..., d:]");
+        py::arg("pdl") = false, py::arg("stream") = 0, "out = act(input[..., :d]) * input[..., d:]");
 }

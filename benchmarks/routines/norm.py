@@ -1,5 +1,6 @@
-"""Routines of kiln.norm: rmsnorm, fused_add_rmsnorm, the Gemma variants and layernorm, each against
-torch (the equivalent an eager model runs) and FlashInfer (when importable, CUDA only).
+"""Routines of kiln.norm: rmsnorm, fused_add_rmsnorm, the Gemma variants, layernorm and the fp8
+rmsnorm_quant, fused_add_rmsnorm_quant and layernorm_quant, each against torch (the equivalent an
+eager model runs) and FlashInfer (when importable, CUDA only).
 
 kiln's backend runs the CUDA kernels on a GPU and the host backend on the CPU. Outputs given to
 `out=` start as NaN, so an element a backend never writes fails the reference check.
@@ -208,4 +209,141 @@ LAYERNORM = Routine(
     flops_per_call=lambda axes, dtype: 7 * axes["tokens"] * axes["hidden"],
 )
 
-ROUTINES = (RMSNORM, FUSED_ADD_RMSNORM, GEMMA_RMSNORM, GEMMA_FUSED_ADD_RMSNORM, LAYERNORM)
+
+
+# --- the fp8 forms: out = fp8(norm(input) / scale), a static per-tensor scale
+
+
+def _poisoned_fp8(t: torch.Tensor) -> torch.Tensor:
+    return torch.full(t.shape, 0x7F, dtype=torch.uint8, device=t.device).view(t.dtype)  # NaN
+
+
+def _fp8_of(y: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    top = torch.finfo(dtype).max
+    return (y * scale.reciprocal()).clamp(-top, top).to(dtype)
+
+
+def kiln_rmsnorm_quant(inp, ctx):
+    x, w, s, eps, out = inp["input"], inp["weight"], inp["scale"], inp["eps"], _poisoned_fp8(inp["out"])
+
+    def run():
+        kiln.rmsnorm_quant(out, x, w, s, eps)
+        return out
+
+    return run
+
+
+def torch_rmsnorm_quant(inp, ctx):
+    x, w, s, eps, dtype = inp["input"], inp["weight"], inp["scale"], inp["eps"], inp["out"].dtype
+    return lambda: _fp8_of(F.rms_norm(x.float(), (x.shape[-1],), w.float(), eps=eps), s, dtype)
+
+
+def flashinfer_rmsnorm_quant(inp, ctx):
+    fn = _flashinfer()[0].norm.rmsnorm_quant
+    x, w, s, eps, out = inp["input"], inp["weight"], inp["scale"], inp["eps"], _poisoned_fp8(inp["out"])
+
+    def run():
+        fn(out, x, w, s, eps)
+        return out
+
+    return run
+
+
+def kiln_fused_quant(inp, ctx):
+    x, r, w, s, eps = inp["input"], inp["residual"], inp["weight"], inp["scale"], inp["eps"]
+    out = _poisoned_fp8(inp["out"])
+
+    def run():
+        kiln.fused_add_rmsnorm_quant(out, x, r, w, s, eps)
+        return out, r
+
+    return run
+
+
+def torch_fused_quant(inp, ctx):
+    x, r, w, s, eps, dtype = (inp["input"], inp["residual"], inp["weight"], inp["scale"], inp["eps"],
+                              inp["out"].dtype)
+
+    def run():
+        r.add_(x)
+        return _fp8_of(F.rms_norm(r.float(), (x.shape[-1],), w.float(), eps=eps), s, dtype), r
+
+    return run
+
+
+def flashinfer_fused_quant(inp, ctx):
+    fn = _flashinfer()[0].norm.fused_add_rmsnorm_quant
+    x, r, w, s, eps = inp["input"], inp["residual"], inp["weight"], inp["scale"], inp["eps"]
+    out = _poisoned_fp8(inp["out"])
+
+    def run():
+        fn(out, x, r, w, s, eps)
+        return out, r
+
+    return run
+
+
+def kiln_layernorm_quant(inp, ctx):
+    x, g, b, s, eps, out = (inp["input"], inp["gemma"], inp["beta"], inp["scale"], inp["eps"],
+                            _poisoned_fp8(inp["out"]))
+
+    def run():
+        kiln.layernorm_quant(out, x, g, b, s, eps)
+        return out
+
+    return run
+
+
+def torch_layernorm_quant(inp, ctx):
+    x, g, b, s, eps = inp["input"], inp["gemma"], inp["beta"], inp["scale"], inp["eps"]
+    dtype = inp["out"].dtype
+    return lambda: _fp8_of(F.layer_norm(x.float(), (x.shape[-1],), g, b, eps=eps), s, dtype)
+
+
+def flashinfer_layernorm_quant(inp, ctx):
+    fn = _flashinfer()[0].norm.layernorm_quant
+    x, g, b, s, eps, out = (inp["input"], inp["gemma"], inp["beta"], inp["scale"], inp["eps"],
+                            _poisoned_fp8(inp["out"]))
+
+    def run():
+        fn(out, x, g, b, s, eps)
+        return out
+
+    return run
+
+
+def quant_bytes(fused: bool):
+    """Read the input (and residual) once, write one byte an element (and the residual)."""
+    def count(axes, dtype):
+        n = axes["tokens"] * axes["hidden"]
+        elem = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+        return n * elem * (3 if fused else 1) + n + axes["hidden"] * elem
+
+    return count
+
+
+RMSNORM_QUANT = Routine(
+    api=kiln.rmsnorm_quant,
+    backends=_backends(kiln_rmsnorm_quant, torch_rmsnorm_quant, flashinfer_rmsnorm_quant),
+    bytes_per_call=quant_bytes(False),
+    flops_per_call=lambda axes, dtype: 5 * axes["tokens"] * axes["hidden"],
+)
+FUSED_ADD_RMSNORM_QUANT = Routine(
+    api=kiln.fused_add_rmsnorm_quant,
+    backends=_backends(kiln_fused_quant, torch_fused_quant, flashinfer_fused_quant),
+    bytes_per_call=quant_bytes(True),
+    flops_per_call=lambda axes, dtype: 6 * axes["tokens"] * axes["hidden"],
+)
+LAYERNORM_QUANT = Routine(
+    api=kiln.layernorm_quant,
+    backends=(
+        Backend("kiln", kiln_layernorm_quant, version=kiln_version),
+        Backend("torch", torch_layernorm_quant, version=torch_version),
+        Backend("flashinfer", flashinfer_layernorm_quant, available=flashinfer_layernorm_available,
+                version=flashinfer_version),
+    ),
+    flops_per_call=lambda axes, dtype: 8 * axes["tokens"] * axes["hidden"],
+)
+
+ROUTINES = (RMSNORM, FUSED_ADD_RMSNORM, GEMMA_RMSNORM, GEMMA_FUSED_ADD_RMSNORM, LAYERNORM, RMSNORM_QUANT,
+            FUSED_ADD_RMSNORM_QUANT, LAYERNORM_QUANT)

@@ -5,6 +5,12 @@
 // token, d = 14336) still spreads over many SMs. Vectors are 16 bytes when both halves of every row
 // and the output row are aligned to them (d, the strides and the pointers multiples of VEC);
 // otherwise narrower, down to the scalar path for odd d.
+//
+// Programmatic dependent launch (ops/common/pdl.cuh; launched so when ctx.pdl): the kernel waits
+// for the one before it (pdl_wait) before any global access and lets the next one be scheduled
+// (pdl_launch_dependents) at its end, after its last loads. A row's output does not depend on how
+// the grid is split, so a kernel waiting on another through PDL reads exactly the bytes an
+// ordinary launch would.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,6 +24,7 @@
 #include "ops/common/dispatch.h"
 #include "ops/common/dtypes.h"
 #include "ops/common/math.h"
+#include "ops/common/pdl.cuh"
 #include "ops/common/vec.cuh"
 
 namespace kiln::activation {
@@ -29,6 +36,7 @@ constexpr int kBlocksPerSm = 8;       // enough resident threads to cover DRAM l
 template <typename T, int VEC, Act A>
 __global__ void __launch_bounds__(kThreads) act_and_mul_kernel(const ActParams p) {
   using V = Vec<T, VEC>;
+  pdl_wait();
   const int64_t nvec = p.d / VEC;
   for (int64_t row = blockIdx.y; row < p.rows; row += gridDim.y) {
     const T* x = static_cast<const T*>(p.input) + row * p.in_stride;
@@ -42,6 +50,7 @@ __global__ void __launch_bounds__(kThreads) act_and_mul_kernel(const ActParams p
       o.store(out + j * VEC);
     }
   }
+  pdl_launch_dependents();
 }
 
 inline bool aligned(const void* p, int64_t bytes) {
@@ -61,10 +70,9 @@ int choose_vec(const ActParams& p) {
 }
 
 template <typename T>
-Status launch(const ActParams& p, LaunchContext ctx) {
+Status launch_act_and_mul(const ActParams& p, LaunchContext ctx) {
   if (p.rows == 0 || p.d == 0) return Status::Ok();
   DeviceGuard guard(ctx.device);
-  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
   const int vec = choose_vec<T>(p);
   const int64_t blocks_per_row = ceil_div<int64_t>(p.d / vec, kThreads);
   // Enough blocks to fill the GPU, no more: rows beyond that are looped over by blockIdx.y.
@@ -73,19 +81,20 @@ Status launch(const ActParams& p, LaunchContext ctx) {
   const int64_t grid_y = std::min<int64_t>({p.rows, kMaxGridY, std::max<int64_t>(1, target / grid_x)});
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
   bool launched = false;
+  cudaError_t err = cudaSuccess;
   auto with_vec = [&](auto kVec) {
     constexpr int VEC = decltype(kVec)::value;
     switch (p.act) {
       case Act::kSilu:
-        act_and_mul_kernel<T, VEC, Act::kSilu><<<grid, kThreads, 0, stream>>>(p);
+        err = kiln::launch(act_and_mul_kernel<T, VEC, Act::kSilu>, grid, dim3(kThreads), 0, ctx, p);
         launched = true;
         break;
       case Act::kGelu:
-        act_and_mul_kernel<T, VEC, Act::kGelu><<<grid, kThreads, 0, stream>>>(p);
+        err = kiln::launch(act_and_mul_kernel<T, VEC, Act::kGelu>, grid, dim3(kThreads), 0, ctx, p);
         launched = true;
         break;
       case Act::kGeluTanh:
-        act_and_mul_kernel<T, VEC, Act::kGeluTanh><<<grid, kThreads, 0, stream>>>(p);
+        err = kiln::launch(act_and_mul_kernel<T, VEC, Act::kGeluTanh>, grid, dim3(kThreads), 0, ctx, p);
         launched = true;
         break;
     }
@@ -100,7 +109,8 @@ Status launch(const ActParams& p, LaunchContext ctx) {
     return Status::Error(
         1, "act_and_mul: no kernel for vec=" + std::to_string(vec) + " act=" + std::to_string(static_cast<int>(p.act)));
   }
-  return cuda_status(cudaGetLastError(), "act_and_mul kernel launch");
+  const cudaError_t last = cudaGetLastError();  // also clears a launch error the runtime recorded
+  return cuda_status(err != cudaSuccess ? err : last, "act_and_mul kernel launch");
 }
 
 }  // namespace kiln::activation

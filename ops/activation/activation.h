@@ -50,6 +50,7 @@ KILN_HOST_DEVICE float apply(float x) {
 }
 
 // Implemented once per backend for the module's dtype (activation_cuda.cu, activation_host.cc).
+// ctx.pdl: launch with programmatic dependent launch (CUDA, sm90+; the host backend ignores it).
 Status act_and_mul(const ActParams& p, LaunchContext ctx);
 
 }  // namespace kiln::activation

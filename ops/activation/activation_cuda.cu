@@ -6,7 +6,7 @@
 namespace kiln::activation {
 
 Status act_and_mul(const ActParams& p, LaunchContext ctx) {
-  return launch<spec::dtype>(p, ctx);
+  return launch_act_and_mul<spec::dtype>(p, ctx);
 }
 
 }  // namespace kiln::activation

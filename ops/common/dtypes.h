@@ -9,9 +9,9 @@
 //   float         binary32
 //
 // Convert<T>::to_float / from_float convert with round-to-nearest-even, the rounding torch uses,
-// so the CPU backend produces the same bits as a float32 computation rounded by torch. E4M3's
-// from_float saturates to +-448 (what torch gives after clamping: its own cast overflows to NaN);
-// E5M2 is an input only (GEMM operands): its Convert has to_float alone, an exact decode.
+// so the CPU backend produces the same bits as a float32 computation rounded by torch. The fp8
+// from_float saturate: E4M3 to +-448, E5M2 to +-57344, infinities too (what torch gives after
+// clamping: its own casts overflow to NaN and to infinity); NaN stays NaN.
 // Framework free: no torch, no pybind11, no DLPack here.
 #pragma once
 
@@ -59,16 +59,24 @@ static_assert(sizeof(e4m3_t) == 1 && sizeof(e5m2_t) == 1, "8-bit element types")
 
 namespace detail {
 
-inline uint32_t float_bits(float f) {
+KILN_HOST_DEVICE uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
   return u;
+#endif
 }
 
-inline float bits_float(uint32_t u) {
+KILN_HOST_DEVICE float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
+#endif
 }
 
 // Round-to-nearest-even of the low `shift` bits of `m` away (shift >= 1).
@@ -139,20 +147,17 @@ inline float e4m3_bits_to_float(uint8_t b) {
 }
 
 // float -> E4M3 bits, round to nearest even, saturated to +-448 (infinities too); NaN -> NaN.
-// The host's encoder (device code uses the toolkit's __nv_cvt_float_to_fp8 with SATFINITE, the
-// same rounding).
-inline uint8_t float_to_e4m3_satfinite(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, sizeof x);
+// The host's encoder, and the device's below sm_89 (which has no fp8 conversion instruction; the
+// toolkit's __nv_cvt_float_to_fp8, the same rounding, emulates it there through double).
+KILN_HOST_DEVICE uint8_t float_to_e4m3_satfinite(float f) {
+  const uint32_t x = detail::float_bits(f);
   const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
   const uint32_t abs = x & 0x7fffffffu;
   if (abs > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);   // NaN
   if (abs >= 0x43e00000u) return static_cast<uint8_t>(sign | 0x7eu);  // >= 448 (and inf): saturate
   const uint32_t exp = abs >> 23;
   if (exp < 121) {  // below 2^-6: a subnormal E4M3, m * 2^-9 with m = round(|f| * 2^9) in [0, 8]
-    float a;
-    std::memcpy(&a, &abs, sizeof a);
-    const float scaled = a * 512.0f;  // exact: a power-of-two scaling
+    const float scaled = detail::bits_float(abs) * 512.0f;  // exact: a power-of-two scaling
     uint32_t m = static_cast<uint32_t>(scaled);
     const float rest = scaled - static_cast<float>(m);
     if (rest > 0.5f || (rest == 0.5f && (m & 1u))) ++m;
@@ -177,6 +182,30 @@ inline float e5m2_bits_to_float(uint8_t b) {
     return sign ? -mag : mag;
   }
   return detail::bits_float(sign | ((exp + 112u) << 23) | (man << 21));  // rebias 15 -> 127
+}
+
+// float -> E5M2 bits, round to nearest even, saturated to +-57344 (infinities too); NaN -> NaN.
+// Used as float_to_e4m3_satfinite is.
+KILN_HOST_DEVICE uint8_t float_to_e5m2_satfinite(float f) {
+  const uint32_t x = detail::float_bits(f);
+  const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);   // NaN
+  if (abs >= 0x47600000u) return static_cast<uint8_t>(sign | 0x7bu);  // >= 57344 (and inf): saturate
+  const uint32_t exp = abs >> 23;
+  if (exp < 113) {  // below 2^-14: a subnormal E5M2, m * 2^-16 with m = round(|f| * 2^16) in [0, 4]
+    const float scaled = detail::bits_float(abs) * 65536.0f;  // exact: a power-of-two scaling
+    uint32_t m = static_cast<uint32_t>(scaled);
+    const float rest = scaled - static_cast<float>(m);
+    if (rest > 0.5f || (rest == 0.5f && (m & 1u))) ++m;
+    return static_cast<uint8_t>(sign | m);  // m == 4 is 2^-14, the smallest normal: the same bits
+  }
+  // Normal: rebias (127 -> 15), keep 2 mantissa bits rounded to nearest even (a carry into the
+  // exponent is the correctly rounded result); what rounds past 57344 saturates.
+  const uint32_t kept = ((exp - 112u) << 2) | ((abs >> 21) & 0x3u);
+  const uint32_t rest = abs & 0x1fffffu;
+  const uint32_t r = kept + ((rest > 0x100000u || (rest == 0x100000u && (kept & 1u))) ? 1u : 0u);
+  return static_cast<uint8_t>(sign | (r > 0x7bu ? 0x7bu : r));
 }
 
 // Conversions between an element type and float, usable in device and host code.
@@ -210,6 +239,7 @@ struct Convert<host_e4m3> {
 template <>
 struct Convert<host_e5m2> {
   static inline float to_float(host_e5m2 x) { return e5m2_bits_to_float(x.bits); }
+  static inline host_e5m2 from_float(float x) { return host_e5m2{float_to_e5m2_satfinite(x)}; }
 };
 
 #if defined(__CUDACC__)
@@ -234,6 +264,7 @@ struct Convert<__nv_fp8_e4m3> {
 template <>
 struct Convert<__nv_fp8_e5m2> {
   static KILN_HOST_DEVICE float to_float(__nv_fp8_e5m2 x) { return static_cast<float>(x); }
+  static KILN_HOST_DEVICE __nv_fp8_e5m2 from_float(float x) { return __nv_fp8_e5m2(x); }  // SATFINITE
 };
 #endif
 

@@ -7,11 +7,11 @@
 namespace kiln::norm {
 
 Status rmsnorm(const NormParams& p, LaunchContext ctx) {
-  return launch<spec::dtype, false>(p, ctx);
+  return launch_rmsnorm<spec::dtype, false>(p, ctx);
 }
 
 Status fused_add_rmsnorm(const NormParams& p, LaunchContext ctx) {
-  return launch<spec::dtype, true>(p, ctx);
+  return launch_rmsnorm<spec::dtype, true>(p, ctx);
 }
 
 Status layernorm(const LayerNormParams& p, LaunchContext ctx) {

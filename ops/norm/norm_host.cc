@@ -17,4 +17,16 @@ Status layernorm(const LayerNormParams& p, LaunchContext) {
   return host::layernorm<spec::dtype>(p);
 }
 
+Status rmsnorm_quant(const QuantNormParams& p, LaunchContext) {
+  return host::run<spec::dtype, false>(p, &p.quant);
+}
+
+Status fused_add_rmsnorm_quant(const QuantNormParams& p, LaunchContext) {
+  return host::run<spec::dtype, true>(p, &p.quant);
+}
+
+Status layernorm_quant(const QuantLayerNormParams& p, LaunchContext) {
+  return host::layernorm<spec::dtype>(p, &p.quant);
+}
+
 }  // namespace kiln::norm

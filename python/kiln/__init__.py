@@ -18,7 +18,8 @@ import importlib
 # The public API: module (python/kiln/<module>.py) -> the names it exports. A new op family adds
 # one line here.
 _API = {
-    "norm": ("rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm", "layernorm"),
+    "norm": ("rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm", "layernorm",
+             "rmsnorm_quant", "fused_add_rmsnorm_quant", "layernorm_quant"),
     "activation": ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"),
     "rope": ("apply_rope", "apply_rope_inplace", "apply_rope_pos_ids", "apply_rope_pos_ids_inplace",
              "apply_llama31_rope", "apply_llama31_rope_inplace", "apply_llama31_rope_pos_ids",

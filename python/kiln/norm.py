@@ -1,10 +1,18 @@
 """RMSNorm and friends (//ops:norm), with FlashInfer's names and argument order.
 
-    rmsnorm(input, weight, eps=1e-6, out=None)          out = input * rsqrt(mean(input^2) + eps) * weight
-    fused_add_rmsnorm(input, residual, weight, eps)     residual += input; input = rmsnorm(residual)
-    gemma_rmsnorm(input, weight, eps=1e-6, out=None)    ... * (1 + weight)
-    gemma_fused_add_rmsnorm(input, residual, weight, eps)
-    layernorm(input, gemma, beta, eps=1e-6)             out = (input - mean) / sqrt(var + eps) * gemma + beta
+    rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None)
+                                                out = input * rsqrt(mean(input^2) + eps) * weight
+    fused_add_rmsnorm(input, residual, weight, eps, enable_pdl)
+                                                residual += input; input = rmsnorm(residual)
+    gemma_rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None)    ... * (1 + weight)
+    gemma_fused_add_rmsnorm(input, residual, weight, eps, enable_pdl)
+    layernorm(input, gemma, beta, eps=1e-6)     out = (input - mean) / sqrt(var + eps) * gemma + beta
+    rmsnorm_quant(out, input, weight, scale, eps=1e-6, enable_pdl=None)
+                                                out = fp8(rmsnorm(input, weight) / scale)
+    fused_add_rmsnorm_quant(out, input, residual, weight, scale, eps=1e-6, enable_pdl=None)
+                                                residual += input; out = fp8(rmsnorm(residual) / scale)
+    layernorm_quant(out, input, gemma, beta, scale, eps=1e-6)
+                                                out = fp8(layernorm(input, gemma, beta) / scale)
 
 input: [tokens, hidden] or [batch, seq, hidden], float32/float16/bfloat16, contiguous in its last
 dimension (leading strides are free); weight: [hidden], same dtype (LayerNorm's gemma and beta:
@@ -12,6 +20,14 @@ dimension (leading strides are free); weight: [hidden], same dtype (LayerNorm's 
 kernels, CPU tensors the host backend. Statistics are accumulated in float32; the fused variants
 round the residual sum to the input dtype before normalising it, exactly as the unfused sequence
 would.
+
+The *_quant ops write an fp8 `out` (float8_e4m3fn or float8_e5m2, input's shape): the float32
+result times 1 / scale, rounded to nearest even and saturated to the format's largest finite value
+(+-448, +-57344; NaN stays NaN). `scale` is a one-element tensor (shape () or (1,), read by the
+kernel, so a CUDA graph replays whatever it holds) or a Python float.
+
+enable_pdl (FlashInfer's): programmatic dependent launch, resolved by kiln.utils.use_pdl: None (the
+default) and True launch with it on sm90+ GPUs, False never; CPU tensors and older GPUs ignore it.
 
 Each function is a torch custom op (kiln::rmsnorm, kiln::fused_add_rmsnorm, kiln/_ops.py) with a
 fake implementation, so torch.compile(fullgraph=True) traces it; in eager mode the launcher is
@@ -24,9 +40,11 @@ custom ops, which is what a compiled graph calls at run time.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
-from . import _jit
+from . import _jit, _pdl
 from ._ops import custom_op
 from .api_logging import logged_api
 from .trace import norm as norm_traces
@@ -44,18 +62,50 @@ def _check_tensors(api: str, **tensors) -> None:
 
 @custom_op("rmsnorm", mutates=("out",))
 def _rmsnorm_op(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, eps: float,
-                weight_offset: float) -> None:
+                weight_offset: float, pdl: bool) -> None:
     mod = _jit.module(LABEL, input.device, "kiln.rmsnorm", dtype=input.dtype, names=_NAMES)
     mod.rmsnorm(out=_jit.dl(out), input=_jit.dl(input), weight=_jit.dl(weight), eps=eps,
-                weight_offset=weight_offset, stream=_jit.stream_of(input.device))
+                weight_offset=weight_offset, pdl=pdl, stream=_jit.stream_of(input.device))
 
 
 @custom_op("fused_add_rmsnorm", mutates=("input", "residual"))
 def _fused_add_rmsnorm_op(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                          eps: float, weight_offset: float) -> None:
+                          eps: float, weight_offset: float, pdl: bool) -> None:
     mod = _jit.module(LABEL, input.device, "kiln.fused_add_rmsnorm", dtype=input.dtype, names=_NAMES)
     mod.fused_add_rmsnorm(input=_jit.dl(input), residual=_jit.dl(residual), weight=_jit.dl(weight),
-                          eps=eps, weight_offset=weight_offset, stream=_jit.stream_of(input.device))
+                          eps=eps, weight_offset=weight_offset, pdl=pdl, stream=_jit.stream_of(input.device))
+
+
+def _dl_or_none(t: torch.Tensor | None):
+    return None if t is None else _jit.dl(t)
+
+
+@custom_op("rmsnorm_quant", mutates=("out",))
+def _rmsnorm_quant_op(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+                      scale: torch.Tensor | None, scale_value: float, eps: float, pdl: bool) -> None:
+    mod = _jit.module(LABEL, input.device, "kiln.rmsnorm_quant", dtype=input.dtype, names=_NAMES)
+    mod.rmsnorm_quant(out=_jit.dl(out), input=_jit.dl(input), weight=_jit.dl(weight),
+                      scale=_dl_or_none(scale), scale_value=scale_value, eps=eps, pdl=pdl,
+                      stream=_jit.stream_of(input.device))
+
+
+@custom_op("fused_add_rmsnorm_quant", mutates=("out", "residual"))
+def _fused_add_rmsnorm_quant_op(out: torch.Tensor, input: torch.Tensor, residual: torch.Tensor,
+                                weight: torch.Tensor, scale: torch.Tensor | None, scale_value: float,
+                                eps: float, pdl: bool) -> None:
+    mod = _jit.module(LABEL, input.device, "kiln.fused_add_rmsnorm_quant", dtype=input.dtype, names=_NAMES)
+    mod.fused_add_rmsnorm_quant(out=_jit.dl(out), input=_jit.dl(input), residual=_jit.dl(residual),
+                                weight=_jit.dl(weight), scale=_dl_or_none(scale), scale_value=scale_value,
+                                eps=eps, pdl=pdl, stream=_jit.stream_of(input.device))
+
+
+@custom_op("layernorm_quant", mutates=("out",))
+def _layernorm_quant_op(out: torch.Tensor, input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor,
+                        scale: torch.Tensor | None, scale_value: float, eps: float) -> None:
+    mod = _jit.module(LABEL, input.device, "kiln.layernorm_quant", dtype=input.dtype, names=_NAMES)
+    mod.layernorm_quant(out=_jit.dl(out), input=_jit.dl(input), gemma=_jit.dl(gemma), beta=_jit.dl(beta),
+                        scale=_dl_or_none(scale), scale_value=scale_value, eps=eps,
+                        stream=_jit.stream_of(input.device))
 
 
 @custom_op("layernorm", mutates=("out",))
@@ -66,23 +116,39 @@ def _layernorm_op(out: torch.Tensor, input: torch.Tensor, gemma: torch.Tensor, b
                   stream=_jit.stream_of(input.device))
 
 
-def _rmsnorm(input, weight, eps, out, weight_offset):
+def _rmsnorm(input, weight, eps, out, weight_offset, enable_pdl):
     _check_tensors("kiln.rmsnorm", input=input, weight=weight)
     if out is None:
         out = torch.empty_like(input)
-    _rmsnorm_op(out, input, weight, eps, weight_offset)
+    _rmsnorm_op(out, input, weight, eps, weight_offset, _pdl.resolve(enable_pdl, input.device))
     return out
 
 
-def _fused_add_rmsnorm(input, residual, weight, eps, weight_offset):
+def _fused_add_rmsnorm(input, residual, weight, eps, weight_offset, enable_pdl):
     _check_tensors("kiln.fused_add_rmsnorm", input=input, residual=residual, weight=weight)
-    _fused_add_rmsnorm_op(input, residual, weight, eps, weight_offset)
+    _fused_add_rmsnorm_op(input, residual, weight, eps, weight_offset, _pdl.resolve(enable_pdl, input.device))
+
+
+def _scale(api: str, scale, input: torch.Tensor) -> tuple[torch.Tensor | None, float]:
+    """(tensor, 1.0) for a one-element scale tensor (as float32 on input's device, as FlashInfer
+    converts it), (None, value) for a Python number."""
+    if isinstance(scale, torch.Tensor):
+        if scale.numel() != 1 or scale.dim() > 1:
+            raise ValueError(
+                f"{api}: scale must be a tensor of shape () or (1,), got shape {list(scale.shape)}")
+        if scale.dtype != torch.float32 or scale.device != input.device:
+            scale = scale.to(device=input.device, dtype=torch.float32)
+        return scale, 1.0
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(
+            f"{api}: scale must be a tensor of one element or a number, got {type(scale).__name__}")
+    return None, float(scale)
 
 
 @logged_api(mutates=("out",))
 @traced(norm_traces.RMSNORM)
 def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
-            out: torch.Tensor | None = None) -> torch.Tensor:
+            out: torch.Tensor | None = None, enable_pdl: bool | None = None) -> torch.Tensor:
     """Root-mean-square normalisation over the last dimension.
 
     ``out[..., j] = input[..., j] / sqrt(mean(input[..., :] ** 2) + eps) * weight[j]``
@@ -92,38 +158,86 @@ def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
         weight: ``[hidden]``, the dtype of ``input``.
         eps: added to the mean square before the square root.
         out: optional output of ``input``'s shape and dtype (may be ``input`` itself).
+        enable_pdl: programmatic dependent launch (FlashInfer's switch): None (default) and True
+            use it on sm90+ GPUs, False never; ignored on CPU tensors and older GPUs.
 
     Returns:
         ``out`` (a new tensor when not given).
     """
-    return _rmsnorm(input, weight, eps, out, 0.0)
+    return _rmsnorm(input, weight, eps, out, 0.0, enable_pdl)
 
 
 @logged_api(mutates=("input", "residual"))
 @traced(norm_traces.FUSED_ADD_RMSNORM)
 def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                      eps: float = 1e-6) -> None:
+                      eps: float = 1e-6, enable_pdl: bool | None = None) -> None:
     """In place: ``residual += input``, then ``input = rmsnorm(residual, weight, eps)``.
 
-    ``residual`` has ``input``'s shape and dtype and must not overlap it.
+    ``residual`` has ``input``'s shape and dtype and must not overlap it. ``enable_pdl`` as
+    :func:`rmsnorm`.
     """
-    _fused_add_rmsnorm(input, residual, weight, eps, 0.0)
+    _fused_add_rmsnorm(input, residual, weight, eps, 0.0, enable_pdl)
 
 
 @logged_api(mutates=("out",))
 @traced(norm_traces.GEMMA_RMSNORM)
 def gemma_rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
-                  out: torch.Tensor | None = None) -> torch.Tensor:
-    """Gemma's RMSNorm: ``input / sqrt(mean(input ** 2) + eps) * (1 + weight)``."""
-    return _rmsnorm(input, weight, eps, out, 1.0)
+                  out: torch.Tensor | None = None, enable_pdl: bool | None = None) -> torch.Tensor:
+    """Gemma's RMSNorm: ``input / sqrt(mean(input ** 2) + eps) * (1 + weight)``. Arguments as
+    :func:`rmsnorm`."""
+    return _rmsnorm(input, weight, eps, out, 1.0, enable_pdl)
 
 
 @logged_api(mutates=("input", "residual"))
 @traced(norm_traces.GEMMA_FUSED_ADD_RMSNORM)
 def gemma_fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                            eps: float = 1e-6) -> None:
+                            eps: float = 1e-6, enable_pdl: bool | None = None) -> None:
     """In place: ``residual += input``, then ``input = gemma_rmsnorm(residual, weight, eps)``."""
-    _fused_add_rmsnorm(input, residual, weight, eps, 1.0)
+    _fused_add_rmsnorm(input, residual, weight, eps, 1.0, enable_pdl)
+
+
+@logged_api(mutates=("out",))
+@traced(norm_traces.RMSNORM_QUANT)
+def rmsnorm_quant(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | float,
+                  eps: float = 1e-6, enable_pdl: bool | None = None) -> None:
+    """RMSNorm quantised to fp8, in one pass: ``out = fp8(rmsnorm(input, weight, eps) / scale)``.
+
+    The float32 result is multiplied by ``1 / scale`` and rounded to ``out``'s format (nearest
+    even), saturating at its largest finite value (+-448 for E4M3, +-57344 for E5M2); NaN stays NaN.
+
+    Args:
+        out: the output, written: ``input``'s shape, ``torch.float8_e4m3fn`` or
+            ``torch.float8_e5m2``, contiguous in its last dimension.
+        input: ``[tokens, hidden]`` or ``[batch, seq, hidden]``; float32, float16 or bfloat16.
+        weight: ``[hidden]``, the dtype of ``input``.
+        scale: the quantisation scale: a one-element tensor (shape ``()`` or ``(1,)``, converted to
+            float32 on ``input``'s device; the kernel reads it, so a CUDA graph replays its current
+            value), or a number (FlashInfer deprecates numbers; kiln takes them as they are).
+        eps: added to the mean square before the square root.
+        enable_pdl: as :func:`rmsnorm`.
+    """
+    api = "kiln.rmsnorm_quant"
+    _check_tensors(api, out=out, input=input, weight=weight)
+    scale_t, scale_v = _scale(api, scale, input)
+    _rmsnorm_quant_op(out, input, weight, scale_t, scale_v, eps, _pdl.resolve(enable_pdl, input.device))
+
+
+@logged_api(mutates=("out", "residual"))
+@traced(norm_traces.FUSED_ADD_RMSNORM_QUANT)
+def fused_add_rmsnorm_quant(out: torch.Tensor, input: torch.Tensor, residual: torch.Tensor,
+                            weight: torch.Tensor, scale: torch.Tensor | float, eps: float = 1e-6,
+                            enable_pdl: bool | None = None) -> None:
+    """``residual += input`` in place (rounded to the dtype, as :func:`fused_add_rmsnorm`), then
+    ``out = fp8(rmsnorm(residual, weight, eps) / scale)``; ``input`` is left as it is.
+
+    ``out``, ``scale`` and ``enable_pdl`` as :func:`rmsnorm_quant`; ``residual`` has ``input``'s
+    shape and dtype and must not overlap it or ``out``.
+    """
+    api = "kiln.fused_add_rmsnorm_quant"
+    _check_tensors(api, out=out, input=input, residual=residual, weight=weight)
+    scale_t, scale_v = _scale(api, scale, input)
+    _fused_add_rmsnorm_quant_op(out, input, residual, weight, scale_t, scale_v, eps,
+                                _pdl.resolve(enable_pdl, input.device))
 
 
 @logged_api
@@ -149,3 +263,20 @@ def layernorm(input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor,
     out = torch.empty_like(input)
     _layernorm_op(out, input, gemma, beta, eps)
     return out
+
+
+@logged_api(mutates=("out",))
+@traced(norm_traces.LAYERNORM_QUANT)
+def layernorm_quant(out: torch.Tensor, input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor,
+                    scale: torch.Tensor | float, eps: float = 1e-6) -> None:
+    """LayerNorm quantised to fp8, in one pass: ``out = fp8(layernorm(input, gemma, beta, eps) /
+    scale)``, rounded and saturated as :func:`rmsnorm_quant` (from the float32 result: kiln does
+    not round to ``input``'s dtype first).
+
+    ``input``, ``gemma``, ``beta`` and ``eps`` as :func:`layernorm`; ``out`` and ``scale`` as
+    :func:`rmsnorm_quant`.
+    """
+    api = "kiln.layernorm_quant"
+    _check_tensors(api, out=out, input=input, gemma=gemma, beta=beta)
+    scale_t, scale_v = _scale(api, scale, input)
+    _layernorm_quant_op(out, input, gemma, beta, scale_t, scale_v, eps)

@@ -220,23 +220,33 @@ def _indices(api: str, indices, x: torch.Tensor) -> torch.Tensor | None:
 def _per_row(api: str, name: str, value, rows: int, device, dtype, lo, hi, lo_open=False, integer=False):
     """(tensor or None, scalar): a per-row tensor (converted to dtype) or a checked Python number.
     Scalars must lie in [lo, hi] ((lo, hi] when lo_open); per-row values are not checked on the
-    host (that would synchronise): their meaning outside the range is documented."""
+    host (that would synchronise): their meaning outside the range is documented. A tensor must
+    be 1-D with one value per row (FlashInfer's wording in the errors: its tests match it); a 0-d
+    tensor is refused rather than read back to the host (a synchronisation a CUDA graph cannot
+    hold): pass a number."""
     if isinstance(value, torch.Tensor):
         if value.dim() == 0:
-            value = value.item()
-        else:
-            if value.dim() != 1 or value.shape[0] != rows:
-                raise ValueError(
-                    f"{api}: {name} must be a number or a tensor of shape [{rows}] (one value per "
-                    f"row), got shape {list(value.shape)}"
-                )
-            if value.device != device:
-                raise ValueError(f"{api}: {name} is on {value.device} but the input is on {device}")
-            if integer and value.dtype not in (torch.int32, torch.int64):
-                value = value.to(torch.int64)
-            elif not integer and value.dtype != torch.float32:
-                value = value.to(torch.float32)
-            return value.contiguous(), (0 if integer else 1.0)
+            raise ValueError(
+                f"{api}: {name}: Expected a 1D tensor of shape (batch_size,) or scalar (batch_size "
+                f"{rows}), got a 0-dimensional tensor; pass a number, or one value per row"
+            )
+        if value.dim() != 1:
+            raise ValueError(
+                f"{api}: {name}: Expected a 1D tensor or scalar (one value per row: shape ({rows},)), "
+                f"got a {value.dim()}D tensor of shape {list(value.shape)}"
+            )
+        if value.shape[0] != rows:
+            raise ValueError(
+                f"{api}: {name}: Sampling parameter tensor batch size mismatch: expected shape "
+                f"({rows},) (one value per row), got ({value.shape[0]},)"
+            )
+        if value.device != device:
+            raise ValueError(f"{api}: {name} is on {value.device} but the input is on {device}")
+        if integer and value.dtype not in (torch.int32, torch.int64):
+            value = value.to(torch.int64)
+        elif not integer and value.dtype != torch.float32:
+            value = value.to(torch.float32)
+        return value.contiguous(), (0 if integer else 1.0)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{api}: {name} must be a number or a tensor, got {type(value).__name__}")
     if integer and int(value) != value:
@@ -601,6 +611,11 @@ def top_p_renorm_probs(
     out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     _transform_op(out, x, "probs", None, 1.0, None, 0, p_t, p_v)
     return out
+
+
+# FlashInfer's singular names for the two renormalisations (flashinfer.sampling.top_k_renorm_prob).
+top_k_renorm_prob = top_k_renorm_probs
+top_p_renorm_prob = top_p_renorm_probs
 
 
 @logged_api

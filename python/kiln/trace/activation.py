@@ -71,7 +71,9 @@ def gelu_tanh_and_mul_reference(input):
 def _template(name, description, reference):
     return TraceTemplate(name=name, target="//ops:activation", description=description, axes=AXES,
                          inputs={"input": INPUT}, outputs={"out": OUT}, reference=reference,
-                         tolerance=TOLERANCE, examples=EXAMPLES, small=SMALL)
+                         tolerance=TOLERANCE, examples=EXAMPLES, small=SMALL,
+                         options={"enable_pdl": "launch detail: programmatic dependent launch on sm90+, "
+                                                "no workload"})
 
 
 SILU_AND_MUL = _template("silu_and_mul", "out = silu(input[:, :d]) * input[:, d:]", silu_and_mul_reference)

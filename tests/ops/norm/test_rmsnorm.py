@@ -241,13 +241,14 @@ def test_torch_compile_fullgraph(device):
 
 
 def test_custom_ops_are_registered_with_fake_implementations():
+    kiln.load_api()  # the custom ops register when kiln.norm is imported (on first use otherwise)
     x, w = torch.empty((3, 8), device="meta"), torch.empty((8,), device="meta")
     out = torch.empty_like(x)
-    torch.ops.kiln.rmsnorm(out, x, w, 1e-6, 0.0)  # fake impl: shape-only, no kernel
+    torch.ops.kiln.rmsnorm(out, x, w, 1e-6, 0.0, False)  # fake impl: shape-only, no kernel
     torch.library.opcheck(torch.ops.kiln.rmsnorm.default,
-                          (torch.randn(3, 8), torch.randn(3, 8), torch.randn(8), 1e-6, 0.0))
+                          (torch.randn(3, 8), torch.randn(3, 8), torch.randn(8), 1e-6, 0.0, False))
     torch.library.opcheck(torch.ops.kiln.fused_add_rmsnorm.default,
-                          (torch.randn(3, 8), torch.randn(3, 8), torch.randn(8), 1e-6, 0.0))
+                          (torch.randn(3, 8), torch.randn(3, 8), torch.randn(8), 1e-6, 0.0, False))
 
 
 @pytest.mark.gpu
@@ -281,3 +282,58 @@ def test_runs_on_the_callers_stream():
         out = kiln.rmsnorm(x, w)
     s.synchronize()
     check(out, ref_rmsnorm(x, w, 1e-6))
+
+
+# ---- programmatic dependent launch (enable_pdl) -------------------------------------------------
+
+@pytest.mark.parametrize("device", device_params())
+def test_enable_pdl_is_accepted_and_changes_nothing(device):
+    """FlashInfer's enable_pdl: None, True and False give the same bits (there is no PDL on the CPU
+    or below sm90, and with it a kernel still reads what the one before it wrote); anything but a
+    bool or None is a TypeError."""
+    x, w = randn((64, 4096), torch.bfloat16, device), randn((4096,), torch.bfloat16, device)
+    r = randn((64, 4096), torch.bfloat16, device)
+    results = []
+    for pdl in (None, True, False):
+        xs, rs = x.clone(), r.clone()
+        y = kiln.rmsnorm(x, w, enable_pdl=pdl)
+        g = kiln.gemma_rmsnorm(x, w, out=torch.empty_like(x), enable_pdl=pdl)
+        kiln.fused_add_rmsnorm(xs, rs, w, 1e-5, pdl)
+        kiln.gemma_fused_add_rmsnorm(xs, rs, w, enable_pdl=pdl)
+        results.append((y, g, xs, rs))
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            assert torch.equal(a, b)
+    with pytest.raises(TypeError, match="enable_pdl must be a bool or None, got int"):
+        kiln.rmsnorm(x, w, enable_pdl=1)
+
+
+@pytest.mark.gpu
+def test_pdl_chain_of_dependent_launches():
+    """A chain where each launch reads what the previous one wrote, launched with PDL (sm90+; on
+    older GPUs the flag is ignored), eagerly and in a CUDA graph: the same bits as ordinary
+    launches. A kernel that touched memory before griddepcontrol.wait would read stale rows."""
+    torch.manual_seed(0)
+    x, w = randn((4096, 4096), torch.bfloat16, "cuda"), randn((4096,), torch.bfloat16, "cuda")
+    r = randn((4096, 4096), torch.bfloat16, "cuda")
+
+    def chain(pdl, x, r):
+        x, r = x.clone(), r.clone()
+        for _ in range(4):
+            y = kiln.rmsnorm(x, w, enable_pdl=pdl)
+            kiln.fused_add_rmsnorm(y, r, w, enable_pdl=pdl)
+            x = kiln.gemma_rmsnorm(y, w, out=torch.empty_like(y), enable_pdl=pdl)
+            kiln.gemma_fused_add_rmsnorm(x, r, w, enable_pdl=pdl)
+        return x, r
+
+    expected = chain(False, x, r)
+    eager = chain(True, x, r)
+    assert torch.equal(eager[0], expected[0]) and torch.equal(eager[1], expected[1])
+    xg, rg = x.clone(), r.clone()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(True, xg, rg)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out[0], expected[0]) and torch.equal(out[1], expected[1])

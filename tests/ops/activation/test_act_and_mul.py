@@ -173,8 +173,9 @@ def test_torch_compile_fullgraph(device):
 
 def test_custom_op_is_registered_with_a_fake_implementation():
     x = torch.empty((3, 8), device="meta")
-    torch.ops.kiln.act_and_mul(torch.empty((3, 4), device="meta"), x, "silu")
-    torch.library.opcheck(torch.ops.kiln.act_and_mul.default, (torch.randn(3, 4), torch.randn(3, 8), "gelu"))
+    torch.ops.kiln.act_and_mul(torch.empty((3, 4), device="meta"), x, "silu", False)
+    torch.library.opcheck(torch.ops.kiln.act_and_mul.default,
+                          (torch.randn(3, 4), torch.randn(3, 8), "gelu", False))
 
 
 @pytest.mark.gpu
@@ -190,3 +191,48 @@ def test_cuda_graph_capture_and_replay():
     g.replay()
     torch.cuda.synchronize()
     check(out, act_and_mul_float64(x, "silu"))
+
+
+# ---- programmatic dependent launch (enable_pdl) -------------------------------------------------
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("act", list(APIS))
+def test_enable_pdl_is_accepted_and_changes_nothing(device, act):
+    """FlashInfer's enable_pdl: None, True and False give the same bits; anything but a bool or
+    None is a TypeError."""
+    x = randn((16, 2 * 1000), torch.bfloat16, device)
+    outs = [APIS[act](x, enable_pdl=pdl) for pdl in (None, True, False)]
+    outs.append(APIS[act](x, poisoned((16, 1000), torch.bfloat16, device), True))  # positional
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    with pytest.raises(TypeError, match="enable_pdl must be a bool or None, got str"):
+        APIS[act](x, enable_pdl="no")
+
+
+@pytest.mark.gpu
+def test_pdl_chain_of_dependent_launches():
+    """Each launch reads the previous one's output, with PDL (sm90+; ignored below), eagerly and in
+    a CUDA graph: the same bits as ordinary launches (a kernel reading before griddepcontrol.wait
+    would see stale or poisoned values)."""
+    x = randn((8, 2 * 14336), torch.bfloat16, "cuda", scale=1.0)
+
+    def chain(pdl, outs):
+        y1 = kiln.silu_and_mul(x, out=outs[0], enable_pdl=pdl)
+        y2 = kiln.gelu_and_mul(y1, out=outs[1], enable_pdl=pdl)
+        return y1, y2, kiln.gelu_tanh_and_mul(y2, out=outs[2], enable_pdl=pdl)
+
+    def poisoned_outs():
+        return [poisoned((8, 14336 >> k), torch.bfloat16, "cuda") for k in range(3)]
+
+    expected = chain(False, poisoned_outs())
+    eager = chain(True, poisoned_outs())
+    assert all(torch.equal(a, b) for a, b in zip(eager, expected, strict=True))
+    outs = poisoned_outs()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain(True, outs)
+    for o in outs:
+        o.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(outs, expected, strict=True))

@@ -494,8 +494,15 @@ def test_bad_inputs_name_the_argument():
         kiln.sampling_from_probs(probs[0])
     with pytest.raises(TypeError, match="probs must be a floating-point tensor"):
         kiln.sampling_from_probs(torch.ones((2, 3), dtype=torch.int32))
-    with pytest.raises(ValueError, match=r"top_k must be a number or a tensor of shape \[4\]"):
+    with pytest.raises(ValueError, match=r"top_k: Sampling parameter tensor batch size mismatch: expected "
+                                         r"shape \(4,\) \(one value per row\), got \(3,\)"):
         kiln.top_k_sampling_from_probs(probs, torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError,
+                       match=r"top_p: Expected a 1D tensor or scalar .*got a 2D tensor of shape \[4, 1\]"):
+        kiln.top_p_renorm_probs(probs, torch.full((4, 1), 0.5))
+    with pytest.raises(ValueError, match=r"min_p: Expected a 1D tensor of shape \(batch_size,\) or scalar "
+                                         r"\(batch_size 4\), got a 0-dimensional tensor"):
+        kiln.min_p_sampling_from_probs(probs, torch.tensor(0.5))  # not read back to the host
     with pytest.raises(ValueError, match=r"indices must be a 1-D int32 or int64 tensor"):
         kiln.sampling_from_probs(probs, indices=torch.tensor([0.0, 1.0]))
     with pytest.raises(
