@@ -170,6 +170,16 @@ def test_level_5_adds_statistics_of_inputs_and_outputs(decorate, api_log):
     assert "scale = 2.0" in log
 
 
+def test_level_5_statistics_of_fp8_tensors(decorate, api_log):
+    # torch has no isnan/isinf for the fp8 dtypes: the statistics widen them first (this crashed).
+    def passthrough(x):
+        return x
+
+    fn = decorate(passthrough, "tests.passthrough", KILN_LOGLEVEL=5)
+    fn(torch.tensor([1.0, -448.0, float("nan"), 2.0]).to(torch.float8_e4m3fn))
+    assert "stats: min=-448 max=2 mean=-148.333 nan=1 inf=0" in text(api_log)
+
+
 def test_level_5_skips_statistics_and_dumps_while_a_cuda_graph_is_captured(decorate, api_log,
                                                                           monkeypatch, tmp_path):
     fn = decorate(toy, "tests.toy", KILN_LOGLEVEL=5, KILN_DUMP=1, KILN_DUMP_DIR=tmp_path / "dumps")

@@ -81,6 +81,8 @@ def stats(t: torch.Tensor) -> str:
     if x.dtype == torch.bool:
         return f"true={int(x.sum().item())} of {x.numel()}"
     nan = inf = 0
+    if x.is_floating_point() and x.element_size() == 1:
+        x = x.float()  # fp8: torch has no isnan/isinf for it; widening keeps every value exactly
     if x.is_floating_point():
         nan = int(torch.isnan(x).sum().item())
         inf = int(torch.isinf(x).sum().item())
