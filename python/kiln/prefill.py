@@ -157,6 +157,85 @@ def check_output_dtype(o_data_type, q_dtype: torch.dtype, api: str) -> None:
                          "output in the query's dtype)")
 
 
+def _graph_buffer(buf, name: str, api: str, device: torch.device, size: int | None = None,
+                  dtype=torch.int32) -> torch.Tensor:
+    """A caller's fixed buffer of use_cuda_graph=True: a contiguous 1-D tensor of `dtype` on the
+    wrapper's device (with `size` entries where given)."""
+    if not isinstance(buf, torch.Tensor):
+        raise ValueError(f"{api}: {name} should be a torch.Tensor in CUDA graph mode (use_cuda_graph=True)")
+    if buf.dim() != 1 or buf.dtype != dtype or buf.device != device or not buf.is_contiguous():
+        raise ValueError(f"{api}: {name} must be a contiguous 1-D {dtype} tensor on {device}, got "
+                         f"{buf.dtype} of shape {list(buf.shape)} on {buf.device}")
+    if size is not None and buf.numel() != size:
+        raise ValueError(f"{api}: {name} has {buf.numel()} entries; the batch size fixed by qo_indptr_buf "
+                         f"needs {size}")
+    return buf
+
+
+class _GraphBuffers:
+    """use_cuda_graph=True: every tensor a run() reads stays at one address, so a captured run()
+    replays correctly after later plans. The batch size is fixed (len(qo_indptr_buf) - 1) and the
+    first plan fixes the rest: the query rows (later plans may have fewer), the work list's capacity
+    (padded entries do nothing) and the launch's arguments (causal, window, scales, the kernel and
+    its variant), which a replay repeats, so a later plan must keep them."""
+
+    def __init__(self, api: str, device: torch.device, qo_indptr_buf):
+        self.api, self.device = api, device
+        self.qo_indptr = _graph_buffer(qo_indptr_buf, "qo_indptr_buf", api, device)
+        self.batch = self.qo_indptr.numel() - 1
+        self.signature = None
+        self.rows = self.capacity = 0
+        self.kv_len = torch.zeros(max(self.batch, 0), dtype=torch.int32, device=device)
+        self.work_request = self.work_q_start = None
+
+    def check_batch(self, batch: int, what: str) -> None:
+        if batch != self.batch:
+            raise ValueError(f"{self.api}.plan: {what} has {batch} requests; with use_cuda_graph=True the "
+                             f"batch size is fixed by qo_indptr_buf at {self.batch}")
+
+    def fill(self, qo_indptr, kv_len_h, request, q_start, queries_per_item) -> dict:
+        """Copy the plan's host arrays into the fixed buffers; the work list padded to capacity."""
+        api = self.api + ".plan"
+        self.check_batch(kv_len_h.numel(), "the plan")
+        rows = int(qo_indptr[-1])
+        if self.work_request is None:  # the first plan: room for any batch of at most its rows
+            self.rows = rows
+            self.capacity = -(-rows // queries_per_item) + self.batch
+            self.work_request = torch.full((self.capacity,), -1, dtype=torch.int32, device=self.device)
+            self.work_q_start = torch.zeros(self.capacity, dtype=torch.int32, device=self.device)
+        elif rows > self.rows:
+            raise ValueError(f"{api}: qo_indptr covers {rows} query rows; in CUDA graph mode a plan has at "
+                             f"most the first plan's {self.rows}")
+        pad = self.capacity - request.numel()
+        self.qo_indptr.copy_(qo_indptr.to(torch.int32))
+        self.kv_len.copy_(kv_len_h.to(torch.int32))
+        self.work_request.copy_(torch.cat([request, torch.full((pad,), -1, dtype=torch.int32)]))
+        self.work_q_start.copy_(torch.cat([q_start, torch.zeros(pad, dtype=torch.int32)]))
+        return dict(qo_indptr=self.qo_indptr, kv_len=self.kv_len, work_request=self.work_request,
+                    work_q_start=self.work_q_start)
+
+    def keep_signature(self, plan) -> None:
+        """A later plan launches what the first did (a captured run repeats its arguments)."""
+        signature = (plan.module, plan.causal, plan.window_left, plan.sm_scale, plan.soft_cap, plan.kernel,
+                     plan.kv_contiguous, plan.rope, plan.num_qo_heads, plan.num_kv_heads, plan.head_dim)
+        if self.signature is None:
+            self.signature = signature
+        elif signature != self.signature:
+            raise ValueError(f"{self.api}.plan: with use_cuda_graph=True every plan keeps the first plan's "
+                             "heads, head_dim, dtype, causal, window_left, sm_scale, logits_soft_cap, custom "
+                             "mask and pos_encoding_mode: a captured run() replays the first plan's launch")
+
+    def fits(self, buf, count: int, name: str) -> None:
+        if count > buf.numel():
+            raise ValueError(f"{self.api}.plan: {name} holds {buf.numel()} entries, the plan needs {count}")
+
+    def into(self, buf, src: torch.Tensor, name: str) -> torch.Tensor:
+        """src copied into the front of the caller's buffer `buf` (the whole buffer returned)."""
+        self.fits(buf, src.numel(), name)
+        buf[: src.numel()].copy_(src.to(buf.dtype))
+        return buf
+
+
 class _PrefillPlan:
     def __init__(
         self,
@@ -180,9 +259,11 @@ class _PrefillPlan:
         custom_mask=False,
         rope=(1.0, 1e4),
         multi_item=False,
+        graph=None,
     ):
         """custom_mask: whether run() gets a mask (a masks.PrefillMask); multi_item: the mask is
-        multi-item scoring's, which includes the causal mask (so causal tiles are skipped)."""
+        multi-item scoring's, which includes the causal mask (so causal tiles are skipped); graph:
+        the wrapper's _GraphBuffers (use_cuda_graph=True), which hold the plan's arrays."""
         pos_encoding = pos_encoding_axis(pos_encoding_mode, api + ".plan")
         if head_dim_vo is not None and head_dim_vo != head_dim:
             raise ValueError(f"{api}.plan: head_dim_vo {head_dim_vo} must equal head_dim_qk {head_dim}")
@@ -230,11 +311,15 @@ class _PrefillPlan:
         self.soft_cap = soft_cap
         self.custom_mask, self.pos_encoding, self.rope = bool(custom_mask), pos_encoding, rope
         self.sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
-        dev = lambda t: _attention.device_copy(t, device)  # noqa: E731 - buffers the plan owns
-        self.tensors = dict(qo_indptr=dev(qo_indptr), kv_len=dev(kv_len_h), work_request=dev(request),
-                            work_q_start=dev(q_start))
-        self.num_items = request.numel()
         self.kernel, self.kv_contiguous = kernel, kv_contiguous
+        if graph is None:
+            dev = lambda t: _attention.device_copy(t, device)  # noqa: E731 - buffers the plan owns
+            self.tensors = dict(qo_indptr=dev(qo_indptr), kv_len=dev(kv_len_h), work_request=dev(request),
+                                work_q_start=dev(q_start))
+        else:  # checked before anything is copied into the buffers a captured run reads
+            graph.keep_signature(self)
+            self.tensors = graph.fill(qo_h, kv_len_h, request, q_start, self.module.queries_per_item)
+        self.num_items = request.numel()
         self.fixed = {k: _jit.dl(t) for k, t in self.tensors.items()}
         self.fixed.update(sm_scale=self.sm_scale, soft_cap=self.soft_cap or 0.0, causal=kernel_causal,
                           window_left=window_left, kernel=kernel, kv_contiguous=kv_contiguous,
@@ -335,11 +420,42 @@ class _PrefillWrapper:
 
     API = ""
 
-    def _setup(self, float_workspace_buffer: torch.Tensor, backend: str) -> None:
+    def _setup(self, float_workspace_buffer: torch.Tensor, backend: str, use_cuda_graph: bool, qo_indptr_buf,
+               custom_mask_buf, mask_indptr_buf) -> None:
         self._device = _attention.workspace_bytes(float_workspace_buffer, self.API).device
         _attention.prefill_kernel(backend, self._device, self.API)  # the backend name's checks, now
         self._backend = backend
         self._plan = None
+        self._graph = _GraphBuffers(self.API, self._device, qo_indptr_buf) if use_cuda_graph else None
+        self._mask_bufs = (custom_mask_buf, mask_indptr_buf)
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._graph is not None
+
+    def _mask_buffers(self):
+        """CUDA graph mode: (custom_mask_buf as uint8, mask_indptr_buf), checked."""
+        bits_buf, indptr_buf = self._mask_bufs
+        for buf, name in ((bits_buf, "custom_mask_buf"), (indptr_buf, "mask_indptr_buf")):
+            if not isinstance(buf, torch.Tensor):
+                raise ValueError(f"{self.API}.plan: {name} must be initialized with a torch.Tensor in cuda "
+                                 "graph mode if we use custom mask in attention computation.")
+        if bits_buf.dtype == torch.int8:
+            bits_buf = bits_buf.view(torch.uint8)
+        return (_graph_buffer(bits_buf, "custom_mask_buf", self.API, self._device, dtype=torch.uint8),
+                _graph_buffer(indptr_buf, "mask_indptr_buf", self.API, self._device, self._graph.batch + 1))
+
+    def _check_mask_room(self, mask) -> None:
+        if self._graph is not None and mask is not None:
+            self._graph.fits(self._mask_buffers()[0], mask.packed.numel(), "custom_mask_buf")
+
+    def _place_mask(self, mask):
+        """CUDA graph mode: the plan's mask copied into custom_mask_buf / mask_indptr_buf."""
+        if self._graph is None or mask is None:
+            return mask
+        bits_buf, indptr_buf = self._mask_buffers()
+        return masks.PrefillMask(self._graph.into(bits_buf, mask.packed, "custom_mask_buf"),
+                                 self._graph.into(indptr_buf, mask.indptr, "mask_indptr_buf"))
 
     def _plan_common(self, qo_indptr, kv_len, custom_mask, packed_custom_mask, multi_item, pos_encoding_mode,
                      rope_scale, rope_theta, o_data_type, q_dtype):
@@ -384,14 +500,27 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
         backend: str = "auto",
         jit_args=None,
     ) -> None:
-        """float_workspace_buffer fixes the device; use_cuda_graph, the *_buf arguments and jit_args
-        are accepted for FlashInfer compatibility (kiln's prefill needs no workspace); backend is
-        "auto" (the faster kernel where measured: fa3 on compute capability 9.0, else fa2; fa2 for
-        a custom mask, RoPE or ALiBi), "fa2" or "fa3" (9.0 only; every page size: those its TMA
-        boxes cannot tile are gathered with cp.async, docs/attention.md; no custom mask, RoPE or
-        ALiBi)."""
+        """float_workspace_buffer fixes the device (kiln's prefill needs no workspace); jit_args is
+        accepted for FlashInfer compatibility. use_cuda_graph=True (FlashInfer's CUDA graph mode):
+        plan() copies the page table into qo_indptr_buf, paged_kv_indptr_buf, paged_kv_indices_buf
+        and paged_kv_last_page_len_buf (int32 device tensors, required; a custom mask into
+        custom_mask_buf, uint8, and mask_indptr_buf) and its schedule into fixed buffers, so a
+        captured run() replays correctly after later plans of the same batch size (_GraphBuffers
+        says what else the first plan fixes). backend is "auto" (the faster kernel where measured:
+        fa3 on compute capability 9.0, else fa2; fa2 for a custom mask, RoPE or ALiBi), "fa2" or
+        "fa3" (9.0 only; every page size: those its TMA boxes cannot tile are gathered with
+        cp.async, docs/attention.md; no custom mask, RoPE or ALiBi)."""
         self._kv_layout = _attention.check_layout(kv_layout, self.API)
-        self._setup(float_workspace_buffer, backend)
+        self._setup(float_workspace_buffer, backend, use_cuda_graph, qo_indptr_buf, custom_mask_buf,
+                    mask_indptr_buf)
+        if use_cuda_graph:
+            batch = self._graph.batch
+            self._page_bufs = (
+                _graph_buffer(paged_kv_indptr_buf, "paged_kv_indptr_buf", self.API, self._device, batch + 1),
+                _graph_buffer(paged_kv_indices_buf, "paged_kv_indices_buf", self.API, self._device),
+                _graph_buffer(paged_kv_last_page_len_buf, "paged_kv_last_page_len_buf", self.API,
+                              self._device, batch),
+            )
 
     def plan(
         self,
@@ -443,6 +572,16 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
                                  max_item_len_ptr)
         mask, rope = self._plan_common(qo_indptr, kv_len, custom_mask, packed_custom_mask, multi_item,
                                        pos_encoding_mode, rope_scale, rope_theta, o_data_type, q_dtype)
+        if self._graph is not None:  # every size checked before a fixed buffer changes
+            if fp8:
+                raise ValueError(f"{self.API}.plan: use_cuda_graph=True with an fp8 cache is not supported "
+                                 "(each run stages the cache into buffers of the plan)")
+            if page_size != getattr(self, "_page_size", page_size):
+                raise ValueError(f"{self.API}.plan: with use_cuda_graph=True page_size stays the first "
+                                 f"plan's ({self._page_size}), got {page_size}")
+            self._graph.check_batch(paged_kv_last_page_len.numel(), "paged_kv_last_page_len")
+            self._graph.fits(self._page_bufs[1], paged_kv_indices.numel(), "paged_kv_indices_buf")
+            self._check_mask_room(mask)
         self._plan = _PrefillPlan(
             self.API,
             qo_indptr,
@@ -463,11 +602,18 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
             custom_mask=mask is not None,
             rope=rope,
             multi_item=multi_item is not None,
+            graph=self._graph,
         )
-        self._plan.mask = mask
+        self._plan.mask = self._place_mask(mask)
         _attention.index_tensor(paged_kv_indices, "paged_kv_indices", self.API + ".plan")
-        indptr_d = _attention.device_copy(paged_kv_indptr, self._device)
-        indices_d = _attention.device_copy(paged_kv_indices, self._device)
+        if self._graph is not None:
+            g, (indptr_buf, indices_buf, last_buf) = self._graph, self._page_bufs
+            indptr_d = g.into(indptr_buf, paged_kv_indptr, "paged_kv_indptr_buf")
+            indices_d = g.into(indices_buf, paged_kv_indices, "paged_kv_indices_buf")
+            g.into(last_buf, paged_kv_last_page_len, "paged_kv_last_page_len_buf")
+        else:
+            indptr_d = _attention.device_copy(paged_kv_indptr, self._device)
+            indices_d = _attention.device_copy(paged_kv_indices, self._device)
         nnz = int(paged_kv_indptr[-1])
         self._fp8 = _Fp8PageStaging(indices_d[:nnz], q_dtype, self.API) if fp8 else None
         self._pages = _page_table(indptr_d, self._fp8.pages if fp8 else indices_d)
@@ -535,10 +681,16 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
         jit_args=None,
     ) -> None:
         """As BatchPrefillWithPagedKVCacheWrapper's; k, v are [total_kv, num_kv_heads, head_dim]
-        (kv_layout "NHD")."""
+        (kv_layout "NHD"); in CUDA graph mode qo_indptr_buf and kv_indptr_buf are required, and the
+        first plan's total_kv bounds the later ones'."""
         if kv_layout != "NHD":
             raise ValueError(f"{self.API}: kv_layout must be 'NHD' (k, v [total_kv, num_kv_heads, head_dim])")
-        self._setup(float_workspace_buffer, backend)
+        self._setup(float_workspace_buffer, backend, use_cuda_graph, qo_indptr_buf, custom_mask_buf,
+                    mask_indptr_buf)
+        if use_cuda_graph:
+            self._kv_indptr_buf = _graph_buffer(kv_indptr_buf, "kv_indptr_buf", self.API, self._device,
+                                                self._graph.batch + 1)
+            self._rows = None  # the identity page table of the first plan's total_kv rows
 
     def plan(
         self,
@@ -576,6 +728,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
                                  max_item_len_ptr)
         mask, rope = self._plan_common(qo_indptr, kv_len, custom_mask, packed_custom_mask, multi_item,
                                        pos_encoding_mode, rope_scale, rope_theta, o_data_type, q_dtype)
+        if self._graph is not None:  # every size checked before a fixed buffer changes
+            self._check_mask_room(mask)
+            if self._rows is not None and int(kv_h[-1]) > self._rows.numel():
+                raise ValueError(f"{self.API}.plan: kv_indptr covers {int(kv_h[-1])} rows; in CUDA graph "
+                                 f"mode a plan has at most the first plan's {self._rows.numel()}")
         self._plan = _PrefillPlan(
             self.API,
             qo_indptr,
@@ -597,14 +754,21 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
             custom_mask=mask is not None,
             rope=rope,
             multi_item=multi_item is not None,
+            graph=self._graph,
         )
-        self._plan.mask = mask
+        self._plan.mask = self._place_mask(mask)
         # Ragged KV = pages of one token, page b of request r at row kv_indptr[r] + b.
         self._total_kv = int(kv_h[-1])
-        self._pages = _page_table(
-            _attention.device_copy(kv_indptr, self._device),
-            torch.arange(self._total_kv, dtype=torch.int32, device=self._device),
-        )
+        if self._graph is None:
+            self._pages = _page_table(
+                _attention.device_copy(kv_indptr, self._device),
+                torch.arange(self._total_kv, dtype=torch.int32, device=self._device),
+            )
+            return
+        if self._rows is None:
+            self._rows = torch.arange(self._total_kv, dtype=torch.int32, device=self._device)
+        indptr_d = self._graph.into(self._kv_indptr_buf, kv_indptr, "kv_indptr_buf")
+        self._pages = _page_table(indptr_d, self._rows)
 
     @logged_api(mutates=("out", "lse"))
     @traced(attention_traces.BATCH_PREFILL_RAGGED)
