@@ -33,7 +33,9 @@ does (logits use k * k_scale, the output v * v_scale). The paged wrapper also re
 cache (plan(kv_data_type=torch.float8_e4m3fn)): each run gathers the plan's pages into a compact
 16-bit copy (E4M3 is exact in f16 and bf16) that the kernels read (_Fp8PageStaging).
 plan() reads the index arrays on the host (a sync), schedules 128-query tiles longest-first, and is
-reused by run() for every layer.
+reused by run() for every layer. With use_cuda_graph=True (FlashInfer's fixed buffers) every
+tensor run() reads keeps its address across plans, so a captured run() replays later plans of the
+same batch size (_GraphBuffers).
 
 single_prefill_with_kv_cache also reads an NVFP4 cache (k, v uint8 [.., head_dim / 2] of packed
 E2M1 pairs, low nibble first, with kv_cache_sf=(k_sf, v_sf) E4M3 scales per 16 values, linear
