@@ -195,8 +195,9 @@ class _GraphBuffers:
             raise ValueError(f"{self.api}.plan: {what} has {batch} requests; with use_cuda_graph=True the "
                              f"batch size is fixed by qo_indptr_buf at {self.batch}")
 
-    def fill(self, qo_indptr, kv_len_h, request, q_start, queries_per_item) -> dict:
-        """Copy the plan's host arrays into the fixed buffers; the work list padded to capacity."""
+    def fill(self, signature, qo_indptr, kv_len_h, request, q_start, queries_per_item) -> dict:
+        """Copy the plan's host arrays into the fixed buffers (the work list padded to capacity)
+        after the last checks; the first plan's signature is kept."""
         api = self.api + ".plan"
         self.check_batch(kv_len_h.numel(), "the plan")
         rows = int(qo_indptr[-1])
@@ -208,6 +209,7 @@ class _GraphBuffers:
         elif rows > self.rows:
             raise ValueError(f"{api}: qo_indptr covers {rows} query rows; in CUDA graph mode a plan has at "
                              f"most the first plan's {self.rows}")
+        self.signature = signature
         pad = self.capacity - request.numel()
         self.qo_indptr.copy_(qo_indptr.to(torch.int32))
         self.kv_len.copy_(kv_len_h.to(torch.int32))
@@ -216,16 +218,16 @@ class _GraphBuffers:
         return dict(qo_indptr=self.qo_indptr, kv_len=self.kv_len, work_request=self.work_request,
                     work_q_start=self.work_q_start)
 
-    def keep_signature(self, plan) -> None:
-        """A later plan launches what the first did (a captured run repeats its arguments)."""
+    def check_signature(self, plan) -> tuple:
+        """A later plan launches what the first did (a captured run repeats its arguments); the
+        plan's launch, which fill() then records."""
         signature = (plan.module, plan.causal, plan.window_left, plan.sm_scale, plan.soft_cap, plan.kernel,
                      plan.kv_contiguous, plan.rope, plan.num_qo_heads, plan.num_kv_heads, plan.head_dim)
-        if self.signature is None:
-            self.signature = signature
-        elif signature != self.signature:
+        if self.signature is not None and signature != self.signature:
             raise ValueError(f"{self.api}.plan: with use_cuda_graph=True every plan keeps the first plan's "
                              "heads, head_dim, dtype, causal, window_left, sm_scale, logits_soft_cap, custom "
                              "mask and pos_encoding_mode: a captured run() replays the first plan's launch")
+        return signature
 
     def fits(self, buf, count: int, name: str) -> None:
         if count > buf.numel():
@@ -319,8 +321,9 @@ class _PrefillPlan:
             self.tensors = dict(qo_indptr=dev(qo_indptr), kv_len=dev(kv_len_h), work_request=dev(request),
                                 work_q_start=dev(q_start))
         else:  # checked before anything is copied into the buffers a captured run reads
-            graph.keep_signature(self)
-            self.tensors = graph.fill(qo_h, kv_len_h, request, q_start, self.module.queries_per_item)
+            signature = graph.check_signature(self)
+            self.tensors = graph.fill(signature, qo_h, kv_len_h, request, q_start,
+                                      self.module.queries_per_item)
         self.num_items = request.numel()
         self.fixed = {k: _jit.dl(t) for k, t in self.tensors.items()}
         self.fixed.update(sm_scale=self.sm_scale, soft_cap=self.soft_cap or 0.0, causal=kernel_causal,
