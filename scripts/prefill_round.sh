@@ -24,7 +24,9 @@
 #
 # DEADLINE (s after the start, default 230) bounds every step; BENCH_RESERVE (default 70) is kept
 # for the benchmarks when the tests run long. SKIP_SELFTEST / SKIP_TESTS / SKIP_BENCH / SKIP_SWEEP=1
-# leave a step out; PEERS=1 also installs FlashInfer from .peers/ (its fa3 JIT takes minutes).
+# leave a step out; PEERS=1 also installs FlashInfer from .peers/ (its fa3 JIT takes minutes);
+# VARIANTS=1 also builds the fa2 variants' modules (custom mask, RoPE, ALiBi) and runs
+# test_prefill_variants.py (give it DEADLINE=540: 60 more modules).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEADLINE_DEFAULT=230 . scripts/round_common.sh
@@ -51,11 +53,21 @@ if [ -z "${SKIP_SELFTEST:-}" ]; then  # compiles beside the prebuild, runs after
 fi
 
 step "prebuild //ops/attention:prefill for 9.0a (the tests and the benchmarks load from the cache)"
+# The plain modules; the variants' (custom mask, RoPE, ALiBi: 60 more) only with VARIANTS=1.
 timeout "$(left)" python3 -m codegen build //ops/attention:prefill --toolchain cuda --arch-list 9.0a -j 16 \
-  >"$OUT/prebuild.log" 2>&1 || status=1
+  --set custom_mask=false --set pos_encoding=none >"$OUT/prebuild.log" 2>&1 || status=1
+if [ -n "${VARIANTS:-}" ]; then
+  for variant in "--set custom_mask=true" "--set custom_mask=false --set pos_encoding=rope,alibi"; do
+    # shellcheck disable=SC2086  # two --set options
+    timeout "$(left)" python3 -m codegen build //ops/attention:prefill --toolchain cuda --arch-list 9.0a -j 16 \
+      $variant >>"$OUT/prebuild.log" 2>&1 || status=1
+  done
+fi
 grep -E "summary|failed" "$OUT/prebuild.log" | tee -a "$OUT/steps.log"
 # The other attention targets the index-error and sanitizer tests load, built while the prefill tests run.
-timeout "$(left)" python3 -m codegen build //ops:attention --toolchain cuda -j 8 >>"$OUT/prebuild.log" 2>&1 &
+(for t in //ops/attention:decode //ops/attention:cascade //ops/attention:page //ops/attention:positions; do
+  timeout "$(left)" python3 -m codegen build "$t" --toolchain cuda -j 8 || exit 1
+done) >>"$OUT/prebuild.log" 2>&1 &
 rest_pid=$!
 
 if [ -n "${selftest_pid:-}" ]; then
@@ -84,7 +96,10 @@ run_tests() {  # log, pytest arguments...
   tail -n 1 "$OUT/$log" | sed 's/^/pytest: /' | tee -a "$OUT/steps.log"
 }
 if [ -z "${SKIP_TESTS:-}" ]; then
-  run_tests pytest_prefill.log tests/ops/attention/test_prefill.py tests/ops/attention/test_prefill_small_pages.py
+  variants=()
+  [ -n "${VARIANTS:-}" ] && variants=(tests/ops/attention/test_prefill_variants.py)
+  run_tests pytest_prefill.log tests/ops/attention/test_prefill.py tests/ops/attention/test_prefill_small_pages.py \
+    "${variants[@]}"
   wait "$rest_pid" || status=1
   grep -E "summary" "$OUT/prebuild.log" | tail -n 1 | tee -a "$OUT/steps.log"
   run_tests pytest_checks.log tests/ops/attention/test_index_errors.py tests/ops/attention/test_sanitizer.py -k \

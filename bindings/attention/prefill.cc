@@ -3,14 +3,22 @@
 //
 //   prefill(*, q, k_cache, v_cache, kv_layout, qo_indptr, kv_indptr, kv_indices, kv_len,
 //           work_request, work_q_start, out, lse, sm_scale, soft_cap, causal, window_left,
-//           kernel="fa2" | "fa3" | "fa3_strict", kv_contiguous=False, errors=0, stream=0)
+//           kernel="fa2" | "fa3" | "fa3_strict", kv_contiguous=False, custom_mask=None,
+//           mask_indptr=None, rope_scale=1.0, rope_theta=1e4, errors=0, stream=0)
 //   queries_per_item    queries per work item (the plan's tile), attention.h's constant
+//   custom_mask, pos_encoding    the module's variant (its BUILD axes)
+// A custom-mask module takes custom_mask (uint8 [bytes], the packed bits) and mask_indptr (int32
+// [batch + 1], each request's first byte); any other module refuses them. rope_scale and
+// rope_theta apply to pos_encoding rope (ROPE_LLAMA) modules.
 #include <pybind11/pybind11.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "bindings/attention/common.h"
+
+constexpr bool kCustomMask = kiln::spec::custom_mask;
 
 namespace {
 
@@ -32,8 +40,8 @@ int32_t kernel_code(const std::string& kernel) {
 void prefill(py::handle q_obj, py::handle k_obj, py::handle v_obj, const std::string& layout, py::handle qo_indptr_obj,
              py::handle indptr_obj, py::handle indices_obj, py::handle kv_len_obj, py::handle work_request,
              py::handle work_q_start, py::handle out_obj, py::handle lse_obj, double sm_scale, double soft_cap,
-             bool causal, int window_left, const std::string& kernel, bool kv_contiguous, uintptr_t errors,
-             uintptr_t stream) {
+             bool causal, int window_left, const std::string& kernel, bool kv_contiguous, py::handle mask_obj,
+             py::handle mask_indptr_obj, double rope_scale, double rope_theta, uintptr_t errors, uintptr_t stream) {
   const TensorView q = elem_view(q_obj, "q", 3, nullptr);
   const TensorView qo_indptr = index_view(qo_indptr_obj, "qo_indptr", q);
   const TensorView indptr = index_view(indptr_obj, "kv_indptr", q);
@@ -82,6 +90,33 @@ void prefill(py::handle q_obj, py::handle k_obj, py::handle v_obj, const std::st
   p.kv_contiguous = kv_contiguous;
   p.kv_num_pages = cache.num_pages;
   p.q_rows = q.size(0);
+  if (kCustomMask != !mask_obj.is_none() || kCustomMask != !mask_indptr_obj.is_none()) {
+    value_error(std::string(kCustomMask
+                                ? "this module applies a custom mask: custom_mask and mask_indptr are required"
+                                : "this module applies no custom mask: custom_mask and mask_indptr must be None") +
+                " (" + module_what() + ")");
+  }
+  if constexpr (kCustomMask) {
+    const TensorView mask = kb::view_of(mask_obj, "custom_mask");
+    kb::check_same_device(mask, q);
+    kb::check_dtype(mask, kiln::dl::DataType{kiln::dl::kUInt, 8, 1}, "the packed mask is uint8 bytes");
+    kb::check_ndim(mask, 1, 1);
+    kb::check_last_contiguous(mask);
+    const TensorView mask_indptr = index_view(mask_indptr_obj, "mask_indptr", q);
+    if (mask_indptr.size(0) != batch + 1) {
+      value_error("mask_indptr must have " + std::to_string(batch + 1) + " entries (batch + 1), got " +
+                  std::to_string(mask_indptr.size(0)));
+    }
+    p.custom_mask = static_cast<const uint8_t*>(mask.data);
+    p.mask_indptr = ptr<int32_t>(mask_indptr);
+    p.mask_bytes = mask.size(0);
+  }
+  if (!(rope_scale > 0 && std::isfinite(rope_scale)) || !(rope_theta > 0 && std::isfinite(rope_theta))) {
+    value_error("rope_scale and rope_theta must be finite and > 0, got " + std::to_string(rope_scale) + " and " +
+                std::to_string(rope_theta));
+  }
+  p.rope_rcp_scale = static_cast<float>(1.0 / rope_scale);
+  p.rope_theta = static_cast<float>(rope_theta);
   kiln::Status s;
   {
     py::gil_scoped_release no_gil;
@@ -97,10 +132,13 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
   m.attr("uri") = kiln::spec::kUri;
   m.attr("head_dim") = kHeadDim;
   m.attr("queries_per_item") = ka::kPrefillQueriesPerItem;
+  m.attr("custom_mask") = kCustomMask;
+  m.attr("pos_encoding") = kiln::spec::pos_encoding;
   kb::export_error_texts(m);
   m.def("prefill", &prefill, py::kw_only(), py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("kv_layout"),
         py::arg("qo_indptr"), py::arg("kv_indptr"), py::arg("kv_indices"), py::arg("kv_len"), py::arg("work_request"),
         py::arg("work_q_start"), py::arg("out"), py::arg("lse"), py::arg("sm_scale"), py::arg("soft_cap"),
         py::arg("causal"), py::arg("window_left"), py::arg("kernel") = "fa2", py::arg("kv_contiguous") = false,
-        py::arg("errors") = 0, py::arg("stream") = 0);
+        py::arg("custom_mask") = py::none(), py::arg("mask_indptr") = py::none(), py::arg("rope_scale") = 1.0,
+        py::arg("rope_theta") = 1e4, py::arg("errors") = 0, py::arg("stream") = 0);
 }

@@ -35,10 +35,14 @@ op_library(
     srcs=["prefill_cuda.cu"],
     host_srcs=["prefill_host.cc"],
     binding="bindings/attention/prefill.cc",
-    dispatch={**HEADS, "soft_cap": [False, True]},
+    # custom_mask and pos_encoding select the FA2 kernel's variants (FlashInfer's custom_mask /
+    # packed_custom_mask and pos_encoding_mode ROPE_LLAMA / ALIBI); their modules hold no sm90a
+    # kernel, and are compiled on first use rather than shipped.
+    dispatch={**HEADS, "soft_cap": [False, True], "custom_mask": [False, True],
+              "pos_encoding": ["none", "rope", "alibi"]},
     # sm90a: on a 9.0 GPU this target is built as 9.0a (its wgmma kernel); the rest as declared.
     archs=["sm80", "sm90a", "sm100", "sm120"],
-    release="all",
+    release={"custom_mask": [False], "pos_encoding": ["none"]},
 )
 
 op_library(

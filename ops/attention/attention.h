@@ -21,7 +21,9 @@
 // i*item_stride + (indptr ? indptr[i] + j : j)*state_stride for j in [0, count(i)).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <string_view>
 
 #include "ops/common/device_error.h"
 #include "ops/common/macros.h"
@@ -197,7 +199,49 @@ struct PrefillParams {
   bool kv_contiguous;
   int64_t kv_num_pages;  // pages in the cache (the TMA tensor map's extent)
   int64_t q_rows;        // rows of q (total_q)
+  // The variants' inputs, read only by modules built with the custom_mask or pos_encoding axis
+  // (kept last, so the plain kernels' parameter offsets do not move). See PrefillPosEncoding.
+  // Custom mask: request b's bit i * kv_len + j, counted little-endian from byte mask_indptr[b]
+  // of custom_mask (FlashInfer's packbits(..., bitorder="little") per request), says whether its
+  // query i sees key j. A byte outside [mask_indptr[b], mask_indptr[b + 1]) or [0, mask_bytes)
+  // is never read: its bits count as 0 (the Python plan checks the ranges cover every bit).
+  const uint8_t* custom_mask;
+  const int32_t* mask_indptr;  // [batch + 1], byte offsets
+  int64_t mask_bytes;
+  float rope_rcp_scale, rope_theta;  // kRopeLlama: 1 / rope_scale and rope_theta
 };
+
+// Position encodings applied inside the prefill kernels (FlashInfer's pos_encoding_mode):
+//   kRopeLlama: q and k rotated as the kernel loads them, query i at position i + kv_len - qo_len
+//     and key j at j; the pair (d, d + head_dim / 2) turns by pos * freq(d), freq(d) =
+//     rope_theta^(-2d / head_dim) / rope_scale (NeoX / Llama pairing), the rotated values rounded
+//     to the query's dtype as the kernel stores them.
+//   kAlibi: logit = q.k * sm_scale + slope(h) * (j - i) before the soft-cap, i the query's index
+//     in its request, slope of alibi_slope.
+enum class PrefillPosEncoding : int { kNone = 0, kRopeLlama = 1, kAlibi = 2 };
+
+// The BUILD file's pos_encoding values ("none", "rope" for ROPE_LLAMA, "alibi"), as spec::pos_encoding
+// spells them.
+constexpr PrefillPosEncoding prefill_pos_encoding(std::string_view name) {
+  return name == "rope"    ? PrefillPosEncoding::kRopeLlama
+         : name == "alibi" ? PrefillPosEncoding::kAlibi
+                           : PrefillPosEncoding::kNone;
+}
+
+// ALiBi's slope of query head h of num_heads (Press et al.; FlashInfer's get_alibi_slopes): with
+// n the largest power of two <= num_heads, 2^(-8 (h + 1) / n) for h < n, else
+// 2^(-4 (2 (h - n) + 1) / n).
+KILN_HOST_DEVICE float alibi_slope(int64_t head, int64_t num_heads) {
+  int64_t n = 1;
+  while (2 * n <= num_heads) n *= 2;
+  const float e = head < n ? -8.0f * static_cast<float>(head + 1) : -4.0f * static_cast<float>(2 * (head - n) + 1);
+  return exp2f(e / static_cast<float>(n));
+}
+
+// kRopeLlama's frequency of rotary pair d (d < head_dim / 2).
+KILN_HOST_DEVICE float rope_frequency(const PrefillParams& p, int64_t d, int64_t head_dim) {
+  return powf(p.rope_theta, -2.0f * static_cast<float>(d) / static_cast<float>(head_dim)) * p.rope_rcp_scale;
+}
 
 struct MergeParams {
   const void* v;  // states, element type: float (decode partials) or the module's dtype

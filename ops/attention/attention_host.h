@@ -103,63 +103,6 @@ void attend(const DecodeParams& p, int64_t request, int64_t j, int64_t head, int
   *lse = merged_lse(mx, sum);
 }
 
-// Prefill on the host: per request, query head and query, softmax over the visible keys.
-template <typename T, int HEAD_DIM, bool SOFTCAP>
-Status prefill(const PrefillParams& p) {
-  if (p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) {
-    return Status::Error(1, "prefill: num_qo_heads must be a multiple of num_kv_heads");
-  }
-  const PagedKV& kv = p.kv;
-  const int64_t group = p.num_qo_heads / p.num_kv_heads;
-  for (int64_t w = 0; w < p.work_capacity; ++w) {
-    if (p.work_request[w] < 0) continue;
-    if (Status st = check_pages(kv, p.work_request[w], 0, p.kv_len[p.work_request[w]]); !st.ok()) return st;
-  }
-  std::vector<float> logits;
-  for (int64_t w = 0; w < p.work_capacity; ++w) {
-    const int64_t request = p.work_request[w];
-    if (request < 0) continue;
-    const int64_t q_begin = p.qo_indptr[request], qo_len = p.qo_indptr[request + 1] - q_begin;
-    const int64_t kv_len = p.kv_len[request], offset = kv_len - qo_len;
-    const int32_t* pages = kv.page_indices + kv.page_indptr[request];
-    const int64_t q_end = std::min<int64_t>(p.work_q_start[w] + kPrefillQueriesPerItem, qo_len);
-    for (int64_t qi = p.work_q_start[w]; qi < q_end; ++qi) {
-      const int64_t pos = qi + offset;
-      const int64_t lo = p.window_left >= 0 ? std::max<int64_t>(0, pos - p.window_left) : 0;
-      const int64_t hi = p.causal ? std::min(kv_len, pos + 1) : kv_len;
-      for (int64_t h = 0; h < p.num_qo_heads; ++h) {
-        const int64_t kvh = h / group;
-        const int64_t qoff = (q_begin + qi) * p.q_stride_n + h * p.q_stride_h;
-        logits.assign(static_cast<size_t>(std::max<int64_t>(hi - lo, 0)), 0.0f);
-        float mx = neg_inf();
-        for (int64_t j = lo; j < hi; ++j) {
-          const int64_t koff = pages[j / kv.page_size] * kv.k_page_stride + (j % kv.page_size) * kv.k_slot_stride +
-                               kvh * kv.k_head_stride;
-          float dot = 0.0f;
-          for (int k = 0; k < HEAD_DIM; ++k) dot += at<T>(p.q, qoff + k) * at<T>(kv.k, koff + k);
-          float logit = dot * p.sm_scale;
-          if constexpr (SOFTCAP) logit = p.soft_cap * std::tanh(logit / p.soft_cap);
-          logits[j - lo] = logit * kLog2e;
-          mx = std::max(mx, logits[j - lo]);
-        }
-        float sum = 0.0f, o[HEAD_DIM] = {};
-        for (int64_t j = lo; j < hi; ++j) {
-          const float wgt = scale_from(logits[j - lo], mx);
-          sum += wgt;
-          const int64_t voff = pages[j / kv.page_size] * kv.v_page_stride + (j % kv.page_size) * kv.v_slot_stride +
-                               kvh * kv.v_head_stride;
-          for (int k = 0; k < HEAD_DIM; ++k) o[k] += wgt * at<T>(kv.v, voff + k);
-        }
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        T* out = static_cast<T*>(p.out) + (q_begin + qi) * p.out_stride_n + h * p.out_stride_h;
-        for (int k = 0; k < HEAD_DIM; ++k) out[k] = Convert<T>::from_float(o[k] * inv);
-        if (p.lse) p.lse[(q_begin + qi) * p.lse_stride_n + h] = merged_lse(mx, sum);
-      }
-    }
-  }
-  return Status::Ok();
-}
-
 template <typename TIn, typename TOut, int HEAD_DIM>
 void merge(const MergeParams& p) {
   for (int64_t item = 0; item < p.num_items; ++item) {

@@ -11,6 +11,10 @@
 // online softmax on the C fragments with the scale folded into exp2's FMA, P packed to 16 bits as
 // the A operand of O += P V (ldmatrix.trans on V). Tiles outside the CTA's causal or window range
 // are never loaded; a warp skips the tiles its own queries cannot see.
+//
+// Variants (compile-time, prefill_variants.cuh; each module instantiates one): CUSTOM_MASK ANDs
+// every tile's logits with the request's mask bits; POS kRopeLlama rotates Q once and each K tile
+// in shared memory as they land (one more barrier a tile), kAlibi adds the bias to the logits.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,6 +25,7 @@
 
 #include "ops/attention/attention.h"
 #include "ops/attention/online_softmax.cuh"
+#include "ops/attention/prefill_variants.cuh"
 #include "ops/attention/state.h"
 #include "ops/common/async_copy.cuh"
 #include "ops/common/cuda_utils.cuh"
@@ -105,22 +110,34 @@ struct PrefillShape {
   static_assert(THREADS % CHUNKS == 0 && (TILE * CHUNKS) % THREADS == 0, "a tile copies in whole steps");
 };
 
-// Chunk `chunk` of row `row` in a swizzled [rows][CHUNKS] tile: the XOR spreads the 8 rows an
-// ldmatrix reads over all banks.
-template <int CHUNKS>
-__device__ __forceinline__ int swz(int row, int chunk) {
-  return row * CHUNKS + (chunk ^ (row & 7));
+// Shared memory of a variant: the plain kernel's, then the RoPE frequencies (float [HEAD_DIM / 2])
+// and the custom mask's bits of the current tile: per row, each quad lane's TILE / 4 bits
+// (quad_lane_bits), as uint16 [kPrefillQueries][4].
+template <int HEAD_DIM, PrefillPosEncoding POS>
+constexpr size_t prefill_rope_bytes() {
+  return POS == PrefillPosEncoding::kRopeLlama ? HEAD_DIM / 2 * sizeof(float) : 0;
 }
 
-template <typename T, int HEAD_DIM, bool SOFTCAP>
+template <typename T, int HEAD_DIM, bool CUSTOM_MASK, PrefillPosEncoding POS>
+constexpr size_t prefill_smem_bytes() {
+  return PrefillShape<T, HEAD_DIM>::kSmemBytes + prefill_rope_bytes<HEAD_DIM, POS>() +
+         (CUSTOM_MASK ? kPrefillQueries * 4 * sizeof(uint16_t) : 0);
+}
+
+template <typename T, int HEAD_DIM, bool SOFTCAP, bool CUSTOM_MASK = false,
+          PrefillPosEncoding POS = PrefillPosEncoding::kNone>
 __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillShape<T, HEAD_DIM>::MIN_BLOCKS)
     prefill_paged_kernel(const PrefillParams p, const FastDiv page_div, int64_t* errors) {
   using S = PrefillShape<T, HEAD_DIM>;
   constexpr int CHUNKS = S::CHUNKS, VEC = S::VEC, TILE = S::TILE, KSTEPS = S::KSTEPS, NTILES = S::NTILES;
   constexpr int STAGES = S::STAGES, UNITS = S::UNITS, MT = S::MT, THREADS = S::THREADS;
   constexpr int NT = TILE / 8;  // n-tiles of S per tile
+  constexpr bool ROPE = POS == PrefillPosEncoding::kRopeLlama, ALIBI = POS == PrefillPosEncoding::kAlibi;
   extern __shared__ uint4 smem[];
   uint4* q_smem = smem + S::kKVUnits;
+  float* rope_freq = reinterpret_cast<float*>(smem + S::kKVUnits + S::kQUnits);  // ROPE only
+  uint16_t* mask_bits = reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(rope_freq) +
+                                                    prefill_rope_bytes<HEAD_DIM, POS>());  // CUSTOM_MASK only
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
 
@@ -255,9 +272,18 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
   if (STAGES - 1 < num_tiles) load_pages(STAGES - 1, pg);
 
   // Logits are scaled into log2 units by kfac inside the exp2's FMA; with soft-cap they are
-  // capped (and scaled) first.
-  const float kfac = SOFTCAP ? 1.0f : p.sm_scale * kLog2e;
-  const float cap_in = p.sm_scale / p.soft_cap, cap_out = p.soft_cap * kLog2e;
+  // capped (and scaled) first. ALiBi scales them by sm_scale itself, to add the bias.
+  const float pre = ALIBI ? 1.0f : p.sm_scale;  // the scale still to apply after the bias
+  const float kfac = SOFTCAP ? 1.0f : pre * kLog2e;
+  const float cap_in = pre / p.soft_cap, cap_out = p.soft_cap * kLog2e;
+  [[maybe_unused]] const float slope = ALIBI ? alibi_slope(head, p.num_qo_heads) : 0.0f;
+  // The custom mask's bytes of this request (mask_row_bits reads none outside them).
+  [[maybe_unused]] int64_t mask_begin = 0, mask_end = 0;
+  if constexpr (CUSTOM_MASK) {
+    mask_begin = max(int64_t{0}, static_cast<int64_t>(p.mask_indptr[request]));
+    mask_end = min(p.mask_bytes, static_cast<int64_t>(p.mask_indptr[request + 1]));
+  }
+  if constexpr (ROPE) rope_frequencies<HEAD_DIM, THREADS>(p, rope_freq);  // read after the loop's barrier
   const int ld_row = lane % 8, ld_mat = lane / 8;
   for (int tile = 0; tile < num_tiles; ++tile) {
     cp_async_wait<STAGES - 2>();
@@ -269,6 +295,26 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
       if (next + 1 < num_tiles) load_pages(next + 1, pg);
     }
     const int tile_tok0 = kv_start + tile * TILE;
+    if constexpr (ROPE || CUSTOM_MASK) {
+      // The whole CTA rotates the landed tile (and Q with the first one), and gathers the tile's
+      // mask bits of its 128 rows into shared memory (the loads issued here, while few registers
+      // are live, instead of in the mask step), then one barrier.
+      if constexpr (CUSTOM_MASK) {
+        for (int row = threadIdx.x; row < kPrefillQueries; row += THREADS) {
+          const int qi = q0 + row;
+          const int64_t bit0 = mask_begin * 8 + int64_t(qi) * kv_len + tile_tok0;
+          const uint64_t w = qi < qo_len ? mask_row_bits<TILE>(p.custom_mask, mask_begin, mask_end, bit0) : 0;
+#pragma unroll
+          for (int lane_t = 0; lane_t < 4; ++lane_t)
+            mask_bits[row * 4 + lane_t] = static_cast<uint16_t>(quad_lane_bits<TILE>(w, lane_t));
+        }
+      }
+      if constexpr (ROPE) {
+        if (tile == 0) rope_rotate_tile<T, HEAD_DIM, THREADS, kPrefillQueries>(q_smem, q0 + offset, rope_freq);
+        rope_rotate_tile<T, HEAD_DIM, THREADS, TILE>(smem + (tile % STAGES) * 2 * TILE * CHUNKS, tile_tok0, rope_freq);
+      }
+      __syncthreads();
+    }
     const int tile_tok_last = tile_tok0 + TILE - 1;
     // Warps whose queries see nothing of this tile skip it (the causal diagonal and the window's
     // lower edge cut the tile range per warp, not only per CTA).
@@ -311,6 +357,21 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
         }
       }
     }
+    if constexpr (ALIBI) {  // logit = q.k * sm_scale + slope * (j - i)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int first = tile_tok0 + 2 * t - (row0 + mt * 16 + g + r * 8);  // key - query at n = j = 0
+#pragma unroll
+          for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const float bias = slope * static_cast<float>(first + n * 8 + j);
+              s[mt][n][2 * r + j] = fmaf(s[mt][n][2 * r + j], p.sm_scale, bias);
+            }
+        }
+    }
     if constexpr (SOFTCAP) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
@@ -319,22 +380,27 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
 #pragma unroll
           for (int i = 0; i < 4; ++i) s[mt][n][i] = tanhf(s[mt][n][i] * cap_in) * cap_out;
     }
-    if (need_mask) {
+    if (CUSTOM_MASK || need_mask) {
       // Branch-free: each row's visible keys are one interval [lo, hi] (end of keys, causal
-      // diagonal, window edge), so an element costs two compares and a select.
+      // diagonal, window edge), so an element costs two compares and a select; a custom mask
+      // ANDs in the lane's bits of the row, gathered above.
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int qpos = row0 + mt * 16 + g + r * 8 + offset;
+          const int qi = row0 + mt * 16 + g + r * 8, qpos = qi + offset;
           const int hi = p.causal ? min(kv_end - 1, qpos) : kv_end - 1;
           const int lo = p.window_left >= 0 ? qpos - p.window_left : INT_MIN;
+          [[maybe_unused]] uint32_t bits = 0;
+          if constexpr (CUSTOM_MASK) bits = mask_bits[(qi - q0) * 4 + t];
 #pragma unroll
           for (int n = 0; n < NT; ++n) {
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
               const int key = tile_tok0 + n * 8 + 2 * t + j;
-              s[mt][n][2 * r + j] = (key >= lo && key <= hi) ? s[mt][n][2 * r + j] : neg_inf();
+              bool visible = key >= lo && key <= hi;
+              if constexpr (CUSTOM_MASK) visible = visible && ((bits >> (2 * n + j)) & 1u);
+              s[mt][n][2 * r + j] = visible ? s[mt][n][2 * r + j] : neg_inf();
             }
           }
         }
@@ -433,7 +499,8 @@ __global__ void __launch_bounds__(PrefillShape<T, HEAD_DIM>::THREADS, PrefillSha
   }
 }
 
-template <typename T, int HEAD_DIM, bool SOFTCAP>
+template <typename T, int HEAD_DIM, bool SOFTCAP, bool CUSTOM_MASK = false,
+          PrefillPosEncoding POS = PrefillPosEncoding::kNone>
 Status launch_prefill(const PrefillParams& p, LaunchContext ctx) {
   if (p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) {
     return Status::Error(1, "prefill: num_qo_heads (" + std::to_string(p.num_qo_heads) +
@@ -446,14 +513,18 @@ Status launch_prefill(const PrefillParams& p, LaunchContext ctx) {
   int device = 0;
   cudaGetDevice(&device);
   using S = PrefillShape<T, HEAD_DIM>;
-  constexpr auto kernel = prefill_paged_kernel<T, HEAD_DIM, SOFTCAP>;
-  Status st = cuda_status(allow_smem<kernel>(S::kSmemBytes, device), "prefill: raising the shared-memory limit");
+  constexpr auto kernel = prefill_paged_kernel<T, HEAD_DIM, SOFTCAP, CUSTOM_MASK, POS>;
+  constexpr size_t smem_bytes = prefill_smem_bytes<T, HEAD_DIM, CUSTOM_MASK, POS>();
+  Status st = cuda_status(allow_smem<kernel>(smem_bytes, device), "prefill: raising the shared-memory limit");
   if (!st.ok()) return st;
   if (p.kv.page_size <= 0 || p.kv.page_size > (int64_t{1} << 30)) {
     return Status::Error(1, "prefill: page_size " + std::to_string(p.kv.page_size) + " out of range");
   }
   const FastDiv page_div(static_cast<uint32_t>(p.kv.page_size));
-  kernel<<<blocks, S::THREADS, S::kSmemBytes, static_cast<cudaStream_t>(ctx.stream)>>>(p, page_div, ctx.errors);
+  if (CUSTOM_MASK && p.mask_indptr == nullptr) {  // (an empty mask may have no data pointer)
+    return Status::Error(1, "prefill: this module applies a custom mask; mask_indptr is required");
+  }
+  kernel<<<blocks, S::THREADS, smem_bytes, static_cast<cudaStream_t>(ctx.stream)>>>(p, page_div, ctx.errors);
   return cuda_status(cudaGetLastError(), "prefill kernel launch");
 }
 

@@ -128,15 +128,22 @@ def _is_sm90(device: torch.device) -> bool:
     return device.type == "cuda" and utils.compute_capability(device) == (9, 0)
 
 
-def prefill_kernel(backend: str, device: torch.device, api: str) -> str:
+def prefill_kernel(backend: str, device: torch.device, api: str, variant: str | None = None) -> str:
     """The prefill binding's kernel for FlashInfer's backend names: "fa2" the mma.sync kernel (every
     family), "fa3" the sm90a kernel (wgmma + TMA, compute capability 9.0 only; its module is always
     built as 9.0a: BUILD.py declares sm90a), "auto" the faster of the two where measured: fa3 on
     compute capability 9.0 (on the H200 causal 8192: 1.7x fa2; every shape of
     benchmarks/prefill_backends.py: docs/perf/prefill.md), fa2 elsewhere. Calls the fa3 kernel
-    cannot tile (page sizes, strides) run fa2: docs/attention.md."""
+    cannot tile (page sizes, strides) run fa2: docs/attention.md. `variant` names what only fa2
+    computes (a custom mask, RoPE or ALiBi inside the kernel, as FlashInfer's fa3 has none): "auto"
+    then runs fa2 and "fa3" is an error."""
     if backend not in PREFILL_BACKENDS:
         raise ValueError(f"{api}: backend must be one of 'auto', 'fa2', 'fa3', got {backend!r}")
+    if variant is not None:
+        if backend == "fa3":
+            raise ValueError(f"{api}: backend='fa3' has no {variant} (nor has FlashInfer's fa3); use "
+                             "backend='fa2' or 'auto', which runs fa2 for it")
+        return "fa2"
     if backend == "fa3" and not _is_sm90(device):
         if device.type == "cuda":
             major, minor = utils.compute_capability(device)

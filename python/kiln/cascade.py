@@ -200,6 +200,9 @@ class MultiLevelCascadeAttentionWrapper:
         if window_left >= 0 and self._num_levels > 1:
             raise ValueError(f"{api}: window_left={window_left} is not supported across levels (a window "
                              "counts back from each query over all levels' keys)")
+        if pos_encoding_mode != "NONE":  # the levels' kernels would rotate each level's keys from 0
+            raise ValueError(f"{api}: pos_encoding_mode {pos_encoding_mode!r} is not supported; apply RoPE "
+                             "to q and k first")
         common = dict(sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
                       kv_data_type=kv_data_type, pos_encoding_mode=pos_encoding_mode)
         levels, total = [], None
@@ -275,7 +278,8 @@ class _Level:
         else:  # the prefill module's work item, as its plan will cut the level
             module = _jit.module(_attention.PREFILL, device, api, head_dim=head_dim,
                                  dtype=_attention.as_dtype(common["q_data_type"], torch.float16),
-                                 soft_cap=common["logits_soft_cap"] is not None)
+                                 soft_cap=common["logits_soft_cap"] is not None, custom_mask=False,
+                                 pos_encoding="none")
             splits = key_splits(qo_len, pages, num_qo_heads, _sm_count(device), module.queries_per_item)
         w = BatchPrefillWithPagedKVCacheWrapper(owner._workspace, owner._kv_layout, backend=owner._backend)
         if splits == 1:

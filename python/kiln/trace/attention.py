@@ -50,21 +50,24 @@ def decode_examples(workloads) -> tuple[Example, ...]:
     )
 
 
-def attention(q, k, v, causal=False, window_left=-1, soft_cap=None, sm_scale=None):
+def attention(q, k, v, causal=False, window_left=-1, soft_cap=None, sm_scale=None, mask=None, bias=None):
     """The reference of every attention API (decode is qo_len 1), in float32, written from the
     definition and never from a kernel:
 
     q [qo_len, Hq, D], k/v [kv_len, Hk, D] (query head h reads kv head h // (Hq // Hk)) ->
     (out [qo_len, Hq, D], lse [qo_len, Hq] base 2). Query i sits at key position
     i + kv_len - qo_len: `causal` shows it keys j <= that position, `window_left` >= 0 only keys
-    j >= position - window_left; logits are q.k * sm_scale (default 1/sqrt(D)), soft-capped as
-    cap * tanh(logit / cap). A query that sees no key: out 0, lse -inf."""
+    j >= position - window_left, `mask` (booleans [qo_len, kv_len]) only the keys it holds True;
+    logits are q.k * sm_scale (default 1/sqrt(D)) plus `bias` ([Hq, qo_len, kv_len], ALiBi's),
+    soft-capped as cap * tanh(logit / cap). A query that sees no key: out 0, lse -inf."""
     qo, hq, d = q.shape
     kv, hk = k.shape[0], k.shape[1]
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
     kf = k.float().repeat_interleave(hq // hk, 1)
     vf = v.float().repeat_interleave(hq // hk, 1)
     logits = torch.einsum("ihd,jhd->hij", q.float(), kf) * sm_scale
+    if bias is not None:
+        logits = logits + bias.float()
     if soft_cap:
         logits = soft_cap * torch.tanh(logits / soft_cap)
     pos = torch.arange(qo, device=q.device)[:, None] + kv - qo
@@ -74,6 +77,8 @@ def attention(q, k, v, causal=False, window_left=-1, soft_cap=None, sm_scale=Non
         visible &= key <= pos
     if window_left >= 0:
         visible &= key >= pos - window_left
+    if mask is not None:
+        visible &= mask.to(q.device, torch.bool).reshape(qo, kv)
     logits = logits.masked_fill(~visible, -math.inf)
     lse = torch.logsumexp(logits, -1)
     p = torch.softmax(logits, -1).nan_to_num(0.0)
@@ -585,11 +590,51 @@ def single_prefill_reference(q, k, v, causal):
     return {"out": attention(q, k, v, causal)[0]}
 
 
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """ALiBi's slope per head (float64): with n the largest power of two <= num_heads,
+    2^(-8 (h + 1) / n) for h < n, then 2^(-4 (2 (h - n) + 1) / n) (Press et al., section 3)."""
+    n = 2 ** math.floor(math.log2(num_heads))
+    h = torch.arange(num_heads, dtype=torch.float64)
+    return torch.where(h < n, 2.0 ** (-8.0 * (h + 1) / n), 2.0 ** (-4.0 * (2 * (h - n) + 1) / n))
+
+
+def rope_llama(x, positions, rope_scale=1.0, rope_theta=1e4):
+    """x [n, heads, d] rotated NeoX/Llama style in float64: the pair (i, i + d/2) turns by
+    positions[t] * theta^(-2i/d) / rope_scale; rounded back to x's dtype (as the kernels keep it)."""
+    d = x.shape[-1]
+    freq = rope_theta ** (-2.0 * torch.arange(d // 2, dtype=torch.float64) / d) / rope_scale
+    angle = positions.to(torch.float64)[:, None, None] * freq.to(x.device)
+    c, s = torch.cos(angle), torch.sin(angle)
+    a, b = x.double()[..., : d // 2], x.double()[..., d // 2:]
+    return torch.cat([a * c - b * s, b * c + a * s], -1).to(x.dtype)
+
+
+def prefill_attention(q, k, v, causal=False, window_left=-1, soft_cap=None, sm_scale=None, mask=None,
+                      pos_encoding_mode="NONE", rope_scale=None, rope_theta=None):
+    """One request's prefill with FlashInfer's variants, from their definitions (docs/attention.md):
+    `mask` (booleans [qo_len, kv_len]) replaces causal; ROPE_LLAMA rotates q at positions
+    i + kv_len - qo_len and k at j first; ALIBI adds slope(h) * (j - i) to the scaled logits."""
+    qo, kv = q.shape[0], k.shape[0]
+    bias = None
+    if pos_encoding_mode == "ROPE_LLAMA":
+        scale, theta = rope_scale or 1.0, rope_theta or 1e4
+        q = rope_llama(q, torch.arange(qo, device=q.device) + kv - qo, scale, theta)
+        k = rope_llama(k, torch.arange(kv, device=k.device), scale, theta)
+    elif pos_encoding_mode == "ALIBI":
+        dist = (torch.arange(kv)[None, :] - torch.arange(qo)[:, None]).to(torch.float64)
+        bias = (alibi_slopes(q.shape[1])[:, None, None] * dist).to(q.device)
+    return attention(q, k, v, causal and mask is None, window_left, soft_cap, sm_scale, mask, bias)
+
+
 PREFILL_OPTIONS = {
     "head_dim_vo": "equal to head_dim_qk",
-    "custom_mask": "no custom mask",
-    "packed_custom_mask": "no custom mask",
-    "pos_encoding_mode": "NONE: RoPE is applied before attention",
+    "custom_mask": "no custom mask (a variant: the fa2 kernel with the mask's bits)",
+    "packed_custom_mask": "no custom mask (as custom_mask, packed)",
+    "prefix_len_ptr": "no multi-item scoring (a custom mask built at plan)",
+    "token_pos_in_items_ptr": "no multi-item scoring",
+    "token_pos_in_items_len": "no multi-item scoring",
+    "max_item_len_ptr": "no multi-item scoring",
+    "pos_encoding_mode": "NONE (ROPE_LLAMA, ALIBI: variants of the fa2 kernel)",
     "use_fp16_qk_reduction": "accepted, ignored",
     "sm_scale": "the default 1/sqrt(head_dim)",
     "window_left": "no sliding window",
@@ -598,6 +643,7 @@ PREFILL_OPTIONS = {
     "rope_theta": "no RoPE",
     "q_data_type": "the workload dtype",
     "kv_data_type": "the workload dtype",
+    "o_data_type": "the workload dtype (the only one accepted)",
     "non_blocking": "host-to-device copies in plan",
     "args": "fp8 scale arguments; not supported",
     "q_scale": "fp8 only",
@@ -722,6 +768,8 @@ SINGLE_PREFILL = TraceTemplate(
                 "custom_mask",
                 "packed_custom_mask",
                 "pos_encoding_mode",
+                "k_scale",
+                "v_scale",
                 "use_fp16_qk_reduction",
                 "sm_scale",
                 "window_left",
@@ -733,6 +781,11 @@ SINGLE_PREFILL = TraceTemplate(
             )
         },
         "kv_layout": "NHD",
+        "scale_q": "fp8 queries only; not supported (None)",
+        "scale_k": "fp8 queries only; not supported (None)",
+        "scale_v": "fp8 queries only; not supported (None)",
+        "o_dtype": "the workload dtype (the only one accepted)",
+        "kv_cache_sf": "a 16-bit cache (NVFP4 caches are dequantised to it first)",
     },
     reference=single_prefill_reference,
     tolerance=TOLERANCE,

@@ -345,16 +345,16 @@ def test_property_cuda(backend, lens, page, causal, head_dim, seed):
 def test_bad_inputs(device):
     gen = torch.Generator().manual_seed(0)
     q, k = rand((5, 4, 64), torch.float16, device, gen), rand((5, 2, 64), torch.float16, device, gen)
-    with pytest.raises(ValueError, match="custom masks are not supported"):
-        kiln.single_prefill_with_kv_cache(q, k, k, custom_mask=torch.ones(5, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"custom_mask has 20 elements \(shape \[4, 5\]\); .* sum to 25"):
+        kiln.single_prefill_with_kv_cache(q, k, k, custom_mask=torch.ones(4, 5, dtype=torch.bool))
     with pytest.raises(ValueError, match="head_dim 48 is not supported"):
         kiln.single_prefill_with_kv_cache(q[..., :48], k[..., :48], k[..., :48])
     with pytest.raises(ValueError, match=r"num_qo_heads \(4\) must be a multiple of num_kv_heads \(3\)"):
         kiln.single_prefill_with_kv_cache(
             q, rand((5, 3, 64), torch.float16, device, gen), rand((5, 3, 64), torch.float16, device, gen)
         )
-    with pytest.raises(ValueError, match="pos_encoding_mode 'ROPE_LLAMA' is not supported"):
-        kiln.single_prefill_with_kv_cache(q, k, k, pos_encoding_mode="ROPE_LLAMA")
+    with pytest.raises(ValueError, match="pos_encoding_mode must be one of 'NONE', 'ROPE_LLAMA', 'ALIBI'"):
+        kiln.single_prefill_with_kv_cache(q, k, k, pos_encoding_mode="rope")
     ws = torch.empty(1 << 20, dtype=torch.uint8, device=device)
     w = kiln.BatchPrefillWithRaggedKVCacheWrapper(ws)
     with pytest.raises(RuntimeError, match="run called before plan"):
