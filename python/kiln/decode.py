@@ -561,6 +561,7 @@ class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWra
                          paged_kv_last_page_len_buffer=last_page_len_buffer)
 
 
+@logged_api
 def fast_decode_plan(self: BatchDecodeWithPagedKVCacheWrapper, indptr: torch.Tensor, indices: torch.Tensor,
                      last_page_len: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                      page_size: int, pos_encoding_mode: str = "NONE", window_left: int = -1,

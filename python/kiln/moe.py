@@ -1361,6 +1361,7 @@ def cutlass_fused_moe(
     return [output]
 
 
+@logged_api
 def cutlass_fused_moe_workspace_size(
     max_num_tokens: int,
     hidden_size: int,

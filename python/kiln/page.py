@@ -76,6 +76,7 @@ def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Ten
     return batch_indices, positions
 
 
+@logged_api
 def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
     """Each request's length from its page table (FlashInfer's function): (pages - 1) * page_size +
     kv_last_page_len, with pages = kv_indptr[b + 1] - kv_indptr[b] (a request with no pages gives
