@@ -63,8 +63,9 @@ def group_quant_reference_fp8(x, group_size):
 
 
 def tensor_quant_reference_fp8(x, scale=None):
-    if scale is None:
-        scale = div_448(x.float().abs().amax()).reshape(1)
+    if scale is None:  # the absmax of no values is 0 (the kernels' scale starts there)
+        absmax = x.float().abs().amax() if x.numel() else torch.zeros((), device=x.device)
+        scale = div_448(absmax).reshape(1)
     return quantize_e4m3(x.float(), scale), scale
 
 

@@ -151,7 +151,7 @@ def test_group_gemm_fp8_backend_names_and_segment_alignment(device, backend):
         out = kiln.group_gemm_fp8_nt_groupwise(
             a, b, sa, sb, indptr, backend=backend, segment_alignment=alignment
         )
-        close(out.cpu(), want, BF16, FP8_TOL[device])
+        close(out.cpu(), want.cpu(), BF16, FP8_TOL[device])
     with pytest.raises(ValueError, match="segment_alignment must be an int >= 1, got 0"):
         kiln.group_gemm_fp8_nt_groupwise(a, b, sa, sb, indptr, segment_alignment=0)
 
