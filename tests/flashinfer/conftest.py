@@ -5,7 +5,8 @@ parametrisations, the same calls through FlashInfer's names (``import kiln as fl
 FlashInfer's assertions and tolerances unchanged. The code, references included, is kiln's own.
 
 Devices. Every test takes a ``device`` argument and runs on the host backend (``cpu``) and on CUDA
-(``cuda``, marked ``gpu``). FlashInfer's sizes run unchanged on CUDA. On the CPU a module shrinks
+(``cuda``, marked ``gpu``; deselected where no CUDA device is). FlashInfer's sizes run unchanged
+on CUDA. On the CPU a module shrinks
 them by naming, in a module-level ``CPU_CASES`` dict (or a test's ``@pytest.mark.cpu_cases(...)``),
 the values each parameter keeps there; the other CPU combinations are deselected, not skipped. A
 test marked ``cuda_only`` (CUDA graphs, programmatic dependent launch) is generated for CUDA alone.
@@ -56,18 +57,26 @@ def _cpu_cases(item) -> dict:
     return cases
 
 
-def _kept_on_cpu(item) -> bool:
+def _kept(item, cuda: bool) -> bool:
     callspec = getattr(item, "callspec", None)
-    if callspec is None or callspec.params.get("device") != "cpu":
+    device = callspec.params.get("device") if callspec is not None else None
+    if device == "cuda":
+        return cuda
+    if device != "cpu":
         return True
     return all(callspec.params[name] in values
                for name, values in _cpu_cases(item).items() if name in callspec.params)
 
 
 def pytest_collection_modifyitems(config, items):
-    kept = [item for item in items if _kept_on_cpu(item)]
+    # Without a CUDA device FlashInfer's tens of thousands of CUDA cases are deselected rather than
+    # each reported as a skip (tests/conftest.py skips the gpu-marked tests of the other folders).
+    from kiln import utils
+
+    cuda = utils.cuda_available()
+    kept = [item for item in items if _kept(item, cuda)]
     if len(kept) != len(items):
-        config.hook.pytest_deselected(items=[item for item in items if not _kept_on_cpu(item)])
+        config.hook.pytest_deselected(items=[item for item in items if not _kept(item, cuda)])
         items[:] = kept
 
 
