@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _jit
+from . import _jit, _persistent
 
 
 @dataclass
@@ -50,14 +50,19 @@ def byte_indptr(qo_len: torch.Tensor, kv_len: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(nbytes, 0)])
 
 
-_BIT_WEIGHTS: dict[torch.device, torch.Tensor] = {}
+_BIT_WEIGHTS: dict[torch.device, torch.Tensor] = {}  # kept: made on kiln's worker (kiln/_persistent.py)
+
+
+def _bit_weights(device: torch.device) -> torch.Tensor:
+    return (1 << torch.arange(8, dtype=torch.int32)).to(device, torch.uint8)
 
 
 def _pack(bits: torch.Tensor) -> torch.Tensor:
     """Booleans (a multiple of 8 of them) -> bytes, little-endian within a byte."""
-    w = _BIT_WEIGHTS.get(bits.device)
+    dev = bits.device
+    w = _BIT_WEIGHTS.get(dev)
     if w is None:
-        w = _BIT_WEIGHTS[bits.device] = (1 << torch.arange(8, dtype=torch.int32)).to(bits.device, torch.uint8)
+        w = _BIT_WEIGHTS[dev] = _persistent.outside_graph_pools(dev, _bit_weights, dev)
     return (bits.view(-1, 8).to(torch.uint8) * w).sum(-1, dtype=torch.uint8)
 
 

@@ -46,7 +46,7 @@ import torch
 
 from kiln.runtime import env
 
-from . import _attention, _jit
+from . import _attention, _jit, _persistent
 from ._decode_schedule import schedule
 from ._ops import custom_op, inference_only
 from .api_logging import logged_api
@@ -619,6 +619,9 @@ def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv
 _single_workspaces: dict[torch.device, torch.Tensor] = {}
 # Planned one-request wrappers by shape and options: a repeated call costs no host scheduling and
 # no host-to-device copies (and can be captured in a CUDA graph). Bounded, least recently used out.
+# What they hold (and the workspace) is made on kiln's worker thread (kiln/_persistent.py): the
+# first call of a shape may run in a torch.compile CUDA graph tree's warm-up, whose thread allocates
+# from the graph's pool (the tree stops when that pool holds a tensor it did not return).
 _single_plans: collections.OrderedDict[tuple, BatchDecodeWithPagedKVCacheWrapper] = collections.OrderedDict()
 _SINGLE_PLANS_MAX = 64
 
@@ -633,6 +636,19 @@ def _single_decode_wrapper(q, k, kv_layout, kv_len, kv_heads, pos_encoding_mode,
     if wrapper is not None:
         _single_plans.move_to_end(key)
         return wrapper
+    wrapper = _persistent.outside_graph_pools(
+        dev, _plan_single, dev, kv_layout, kv_len, num_qo_heads, kv_heads, head_dim, pos_encoding_mode,
+        window_left, logits_soft_cap, q.dtype, k.dtype, sm_scale, rope_scale, rope_theta)
+    _single_plans[key] = wrapper
+    while len(_single_plans) > _SINGLE_PLANS_MAX:
+        _single_plans.popitem(last=False)
+    return wrapper
+
+
+def _plan_single(dev, kv_layout, kv_len, num_qo_heads, kv_heads, head_dim, pos_encoding_mode, window_left,
+                 logits_soft_cap, q_dtype, kv_dtype, sm_scale, rope_scale,
+                 rope_theta) -> BatchDecodeWithPagedKVCacheWrapper:
+    """A wrapper planned for one request whose one page is the whole cache (kv_len tokens)."""
     workspace = _single_workspaces.get(dev)
     if workspace is None:
         workspace = _single_workspaces[dev] = torch.empty(32 << 20, dtype=torch.uint8, device=dev)
@@ -640,11 +656,8 @@ def _single_decode_wrapper(q, k, kv_layout, kv_len, kv_heads, pos_encoding_mode,
     wrapper.plan(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0], dtype=torch.int32, device=dev),
                  torch.tensor([kv_len], dtype=torch.int32), num_qo_heads, kv_heads, head_dim, kv_len,
                  pos_encoding_mode=pos_encoding_mode, window_left=window_left,
-                 logits_soft_cap=logits_soft_cap, q_data_type=q.dtype, kv_data_type=k.dtype,
+                 logits_soft_cap=logits_soft_cap, q_data_type=q_dtype, kv_data_type=kv_dtype,
                  sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
-    _single_plans[key] = wrapper
-    while len(_single_plans) > _SINGLE_PLANS_MAX:
-        _single_plans.popitem(last=False)
     return wrapper
 
 

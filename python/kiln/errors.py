@@ -27,6 +27,7 @@ import torch
 
 from kiln.runtime import env
 
+from . import _persistent
 from .api_logging import logged_api
 
 __all__ = ["DeviceIndexError", "check_errors"]
@@ -52,17 +53,20 @@ def _device(device) -> torch.device:
 
 def record_address(device: torch.device) -> int:
     """The device address of `device`'s error record, for the bindings (0 on the CPU: the host
-    backend raises instead). Allocated zeroed on first use; fixed afterwards (CUDA graphs)."""
+    backend raises instead). Allocated zeroed on first use, outside the pool of a CUDA graph being
+    warmed up (kiln's first call may be in one: kiln/_persistent.py); fixed afterwards (CUDA
+    graphs)."""
     if device.type != "cuda":
         return 0
     record = _records.get(device)
     if record is None:
-        with _lock:
-            device = _device(device)
-            record = _records.get(device)
-            if record is None:
-                record = _records[device] = torch.zeros(RECORD_WORDS, dtype=torch.int64, device=device)
-            _records[device] = record
+        device = _device(device)
+        record = _records.get(device)
+        if record is None:  # not under _lock: the worker may be running a build that takes it
+            made = _persistent.outside_graph_pools(device, torch.zeros, RECORD_WORDS, dtype=torch.int64,
+                                                   device=device)
+            with _lock:
+                record = _records.setdefault(device, made)
     return record.data_ptr()
 
 

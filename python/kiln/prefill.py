@@ -53,7 +53,7 @@ import torch
 
 from kiln.runtime import env
 
-from . import _attention, _jit
+from . import _attention, _jit, _persistent
 from . import _prefill_mask as masks
 from ._ops import custom_op, inference_only
 from .api_logging import logged_api
@@ -829,35 +829,43 @@ def _single_plan(
 ):
     """The plan of a one-request prefill and its one-page table, kept per shape: a repeated call
     costs no host scheduling and no host-to-device copies. With a custom mask, the mask's indptr
-    (the request's one byte range) too."""
-    plan = _PrefillPlan(
-        "single_prefill_with_kv_cache",
-        torch.tensor([0, qo_len]),
-        torch.tensor([kv_len]),
-        num_qo_heads,
-        num_kv_heads,
-        head_dim,
-        causal,
-        sm_scale,
-        window_left,
-        logits_soft_cap,
-        q_dtype,
-        kv_dtype,
-        device,
-        pos_encoding_mode,
-        None,
-        backend,
-        True,  # one page holds the request's keys
-        custom_mask=custom_mask,
-        rope=rope,
-    )
-    pages = _page_table(
-        torch.tensor([0, 1], dtype=torch.int32, device=device),
-        torch.zeros(1, dtype=torch.int32, device=device),
-    )
-    mask_indptr = (masks.byte_indptr(torch.tensor([qo_len]), torch.tensor([kv_len])).to(device, torch.int32)
-                   if custom_mask else None)
-    return plan, pages, mask_indptr
+    (the request's one byte range) too. Made on kiln's worker thread (kiln/_persistent.py): the
+    first call of a shape may run in a torch.compile CUDA graph tree's warm-up, whose thread
+    allocates from the graph's pool."""
+
+    def build():
+        plan = _PrefillPlan(
+            "single_prefill_with_kv_cache",
+            torch.tensor([0, qo_len]),
+            torch.tensor([kv_len]),
+            num_qo_heads,
+            num_kv_heads,
+            head_dim,
+            causal,
+            sm_scale,
+            window_left,
+            logits_soft_cap,
+            q_dtype,
+            kv_dtype,
+            device,
+            pos_encoding_mode,
+            None,
+            backend,
+            True,  # one page holds the request's keys
+            custom_mask=custom_mask,
+            rope=rope,
+        )
+        pages = _page_table(
+            torch.tensor([0, 1], dtype=torch.int32, device=device),
+            torch.zeros(1, dtype=torch.int32, device=device),
+        )
+        mask_indptr = None
+        if custom_mask:
+            mask_indptr = masks.byte_indptr(torch.tensor([qo_len]), torch.tensor([kv_len]))
+            mask_indptr = mask_indptr.to(device, torch.int32)
+        return plan, pages, mask_indptr
+
+    return _persistent.outside_graph_pools(device, build)
 
 
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
