@@ -5,7 +5,9 @@ every ActivationType (with per-expert parameters, on the decode-size and the gro
 layer; other ranks' ids add nothing), tensor parallelism (slices sum to the layer), the per-tensor
 fp8 form (e4m3 input), DeepSeek block scales on the generic path, workspace_buffer (its size
 covers every call up to max_num_tokens, bit-equal results, nothing allocated on the GPU), the
-kernel's bad offs, bad inputs matched by message, torch.compile and CUDA-graph replay."""
+kernel's bad offs, bad inputs matched by message, torch.compile and CUDA-graph replay; and each
+path's error against a float64 layer, every ActivationType in fp16 and bf16, pinned to that of its
+rounding sequence (the activation fused into the decode-size kernel: fc1's output never rounded)."""
 
 from __future__ import annotations
 
@@ -370,7 +372,7 @@ def test_workspace_generic_path_allocates_nothing_and_replays_in_a_cuda_graph(t)
     torch.testing.assert_close(out, want.flip(0), rtol=0, atol=0)
 
 
-# --- accuracy against float64 (host backend) ---------------------------------------------------------
+# --- accuracy against float64 (host backend, and CUDA where a device is) --------------------------
 # kiln's error against the unrounded float64 layer is that of its rounding sequence (docs/moe.md),
 # modelled in float64. The decode-size path rounds twice before the k-way sum, as the fused SwiGLU:
 # the activation of fc1's float32 output (its bias and parameters added in float32, the activation
@@ -441,15 +443,21 @@ def accuracy_case(name, a, kwargs, path, dtype):
     return x, fc1, fc2, w, ids, given, tuple(params)
 
 
+def on(device, *tensors):
+    return [v.to(device) for v in tensors]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [F16, BF16], ids=["f16", "bf16"])
 @pytest.mark.parametrize("path", list(ACCURACY_TOKENS))
 @pytest.mark.parametrize("name, a, kwargs, _", ACCURACY_ACTS, ids=[c[0] for c in ACCURACY_ACTS])
-def test_accuracy_against_float64_is_that_of_the_rounding_sequence(name, a, kwargs, _, path, dtype):
+def test_accuracy_against_float64_is_that_of_the_rounding_sequence(device, name, a, kwargs, _, path, dtype):
     x, fc1, fc2, w, ids, given, params = accuracy_case(name, a, kwargs, path, dtype)
     t, n, grouped = x.shape[0], x.shape[0] * 2, path == "grouped"
     small = t <= kiln.moe.SMALL_BATCH_TOKENS and n <= kiln.moe.SMALL_BATCH_ROWS_PER_EXPERT * ACCURACY_E
     assert small != grouped
-    out = kiln.cutlass_fused_moe(x, ids, w, fc1, fc2, dtype, activation_type=a, **given)[0]
+    given = {k: v.to(device) for k, v in given.items()}
+    out = kiln.cutlass_fused_moe(*on(device, x, ids, w, fc1, fc2), dtype, activation_type=a, **given)[0].cpu()
     exact = layer64(x, fc1, fc2, w, ids, KINDS[a], params)
     got = relative_rms(out, exact)
     model = relative_rms(layer64(x, fc1, fc2, w, ids, KINDS[a], params, dtype, grouped), exact)
@@ -458,18 +466,22 @@ def test_accuracy_against_float64_is_that_of_the_rounding_sequence(name, a, kwar
     assert floor < model < 4 * floor, (got, model, floor)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("path", list(ACCURACY_TOKENS))
 @pytest.mark.parametrize(
     "a", [ActivationType.SwigluStep, ActivationType.Relu2, ActivationType.Identity], ids=lambda a: a.name
 )
-def test_accuracy_against_float64_with_biases(path, a):
+def test_accuracy_against_float64_with_biases(device, path, a):
     """fc1's bias is added in float32 before the activation and fc2's in the epilogue of the
     decode-size path (one rounding of fc2's output), after fc2's rounded output on the grouped path."""
     x, fc1, fc2, w, ids, given, params = accuracy_case(a.name, a, {}, path, F16)
     g = gen(12)
     b1 = torch.randn(fc1.shape[:2], generator=g).to(F16)
     b2 = torch.randn((ACCURACY_E, ACCURACY_H), generator=g).to(F16)
-    out = kiln.cutlass_fused_moe(x, ids, w, fc1, fc2, F16, None, b1, b2, activation_type=a)[0]
+    out = kiln.cutlass_fused_moe(
+        *on(device, x, ids, w, fc1, fc2), F16, None, *on(device, b1, b2), activation_type=a
+    )
+    out = out[0].cpu()
     exact = layer64(x, fc1, fc2, w, ids, KINDS[a], params, b1=b1, b2=b2)
     model = layer64(x, fc1, fc2, w, ids, KINDS[a], params, F16, path == "grouped", b1, b2)
     got, want = relative_rms(out, exact), relative_rms(model, exact)
