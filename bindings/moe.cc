@@ -8,7 +8,10 @@
 //        num_post_pad=None, block_size=0, first_expert=0, total_experts=0, errors=0, stream=0)
 //   gather(*, out, hidden, src_idx, top_k, errors=0, stream=0)
 //   unpermute(*, out, rows, weights, src_idx, inv, errors=0, stream=0)
-//   experts(*, out, x, w, offs, gated, act, gate_row0=0, up_row0=0, w_scale=None, errors=0, stream=0)
+//   experts(*, out, x, w, offs, gated, act, gate_row0=0, up_row0=0, w_scale=None, expert_act=-1,
+//           p0=None, p1=None, p2=None, defaults=(0, 0, 0), bias=None, errors=0, stream=0)
+//           (expert_act >= 0: the generic epilogue, expert_act's activation of the dot products
+//           with p0..p2 and bias as expert_act's; gated must be is_gated(expert_act), act unused)
 //   dequant(*, out, w, w_scale, stream=0)
 //   expert_act(*, out, input, offs, act, gate_col0=0, up_col0=0, p0=None, p1=None, p2=None,
 //              defaults=(0, 0, 0), bias=None, stream=0)
@@ -261,8 +264,57 @@ int scale_mode_of(const TensorView& s, int64_t E, int64_t srows, int64_t scols) 
                   "] (128 x 128 blocks), got " + s.shape_str());
 }
 
+// One per-expert parameter of expert_act: float32 [E] (one per expert) or [1] (one for all).
+const float* act_param(py::object obj, const char* name, const TensorView& ref, int64_t E, int64_t& stride) {
+  stride = 0;
+  if (obj.is_none()) return nullptr;
+  TensorView t = tensor(obj, name, &ref, kFloat, "float32", true);
+  if (t.numel() != E && t.numel() != 1) {
+    kb::value_error(std::string(name) + " must hold one value per expert (" + str(E) + ") or one, got shape " +
+                    t.shape_str());
+  }
+  stride = t.numel() == 1 ? 0 : 1;
+  return static_cast<const float*>(t.data);
+}
+
+// expert_act's activation value (the module's expert_acts), checked.
+km::ExpertAct expert_act_of(int act) {
+  if (act < 0 || act >= km::kNumExpertActs) {
+    kb::value_error("act must be in [0, " + str(km::kNumExpertActs) + ") (the module's expert_acts), got " + str(act));
+  }
+  return static_cast<km::ExpertAct>(act);
+}
+
+// p0..p2 and defaults of expert_act or experts' generic epilogue, against E experts.
+template <typename P>
+void set_act_params(P& p, py::object p0, py::object p1, py::object p2, py::tuple defaults, const TensorView& ref,
+                    int64_t E) {
+  if (defaults.size() != km::kExpertActParams) kb::value_error("defaults must hold 3 floats");
+  py::object params[km::kExpertActParams] = {p0, p1, p2};
+  const char* names[km::kExpertActParams] = {"p0", "p1", "p2"};
+  for (int i = 0; i < km::kExpertActParams; ++i) {
+    p.param[i] = act_param(params[i], names[i], ref, E, p.param_stride[i]);
+    p.param_default[i] = defaults[i].cast<float>();
+  }
+}
+
+// The bias of expert_act or the generic epilogue: [E, >= cols_needed] of the module's dtype, unit
+// column stride; (data, row stride).
+std::pair<const void*, int64_t> act_bias(py::object obj, const TensorView& ref, int64_t E, int64_t cols_needed,
+                                         const char* what) {
+  if (obj.is_none()) return {nullptr, 0};
+  TensorView bias = tensor(obj, "bias", &ref, kDType, "the module's dtype", false);
+  if (bias.ndim != 2 || bias.shape[0] != E || bias.strides[1] != 1 || bias.shape[1] < cols_needed) {
+    kb::value_error("bias must be [experts = " + str(E) + ", >= " + str(cols_needed) + "] with unit column stride (" +
+                    what + "), got " + bias.shape_str());
+  }
+  kb::check_element_aligned(bias, sizeof(Elem));
+  return {bias.data, bias.strides[0]};
+}
+
 void experts(py::handle out_obj, py::handle x_obj, py::handle w_obj, py::handle offs_obj, bool gated, int act,
-             int64_t gate_row0, int64_t up_row0, py::object scale_obj, uintptr_t errors, uintptr_t stream) {
+             int64_t gate_row0, int64_t up_row0, py::object scale_obj, int expert_act, py::object p0, py::object p1,
+             py::object p2, py::tuple defaults, py::object bias_obj, uintptr_t errors, uintptr_t stream) {
   TensorView x = rows_view(x_obj, "x", nullptr);
   TensorView w = kb::view_of(w_obj, "w");
   kb::check_same_device(w, x);
@@ -297,9 +349,18 @@ void experts(py::handle out_obj, py::handle x_obj, py::handle w_obj, py::handle 
     kb::value_error("the weight rows [gate_row0, +cols) and [up_row0, +cols) must lie in w's " + str(w.shape[1]) +
                     " rows (cols " + str(cols) + ", gate_row0 " + str(gate_row0) + ", up_row0 " + str(up0) + ")");
   }
+  const bool generic = expert_act != -1;
   const auto a = static_cast<kiln::activation::Act>(act);
-  if (gated && a != kiln::activation::Act::kSilu && a != kiln::activation::Act::kGeluTanh) {
+  if (generic) {
+    const km::ExpertAct ea = expert_act_of(expert_act);
+    if (gated != km::is_gated(ea)) {
+      kb::value_error(std::string("gated must be ") + (km::is_gated(ea) ? "true" : "false") + " for expert_act " +
+                      str(expert_act));
+    }
+  } else if (gated && a != kiln::activation::Act::kSilu && a != kiln::activation::Act::kGeluTanh) {
     kb::value_error("act must be silu or gelu_tanh, got " + str(act));
+  } else if (!p0.is_none() || !p1.is_none() || !p2.is_none() || !bias_obj.is_none()) {
+    kb::value_error("p0..p2 and bias go with expert_act (the generic epilogue), and only with it");
   }
   kb::check_no_internal_overlap(out);
   kb::check_disjoint(out, x);
@@ -310,6 +371,14 @@ void experts(py::handle out_obj, py::handle x_obj, py::handle w_obj, py::handle 
   p.x_stride = x.strides[0], p.out_stride = out.strides[0];
   p.w_expert_stride = w.strides[0], p.w_row_stride = w.strides[1];
   p.gate_row0 = gate_row0, p.up_row0 = up0, p.gated = gated, p.act = a;
+  p.generic = generic;
+  if (generic) {
+    p.epi.act = static_cast<km::ExpertAct>(expert_act);
+    set_act_params(p.epi, p0, p1, p2, defaults, x, E);
+    const auto [bias, bias_stride] =
+        act_bias(bias_obj, x, E, std::max(gate_row0, up0) + cols, "one row per expert, a column per weight row");
+    p.epi.bias = bias, p.epi.bias_stride = bias_stride;
+  }
   p.w_fp8 = fp8, p.scale_mode = scale_mode, p.w_scale = scale, p.scale_rows = srows, p.scale_cols = scols;
   const kiln::LaunchContext ctx = kb::launch_context(x, stream, errors);
   kiln::Status s;
@@ -346,19 +415,6 @@ void dequant(py::handle out_obj, py::handle w_obj, py::handle scale_obj, uintptr
   kb::raise_if_failed(st, kiln::spec::kUri);
 }
 
-// One per-expert parameter of expert_act: float32 [E] (one per expert) or [1] (one for all).
-const float* act_param(py::object obj, const char* name, const TensorView& ref, int64_t E, int64_t& stride) {
-  stride = 0;
-  if (obj.is_none()) return nullptr;
-  TensorView t = tensor(obj, name, &ref, kFloat, "float32", true);
-  if (t.numel() != E && t.numel() != 1) {
-    kb::value_error(std::string(name) + " must hold one value per expert (" + str(E) + ") or one, got shape " +
-                    t.shape_str());
-  }
-  stride = t.numel() == 1 ? 0 : 1;
-  return static_cast<const float*>(t.data);
-}
-
 void expert_act(py::handle out_obj, py::handle in_obj, py::handle offs_obj, int act, int64_t gate_col0, int64_t up_col0,
                 py::object p0, py::object p1, py::object p2, py::tuple defaults, py::object bias_obj,
                 uintptr_t stream) {
@@ -366,10 +422,7 @@ void expert_act(py::handle out_obj, py::handle in_obj, py::handle offs_obj, int 
   TensorView offs = tensor(offs_obj, "offs", &in, kInt32, "int32", true);
   const int64_t E = offs.numel(), rows = in.shape[0];
   if (E < 1) kb::value_error("offs must hold one entry per expert, got " + offs.shape_str());
-  if (act < 0 || act >= km::kNumExpertActs) {
-    kb::value_error("act must be in [0, " + str(km::kNumExpertActs) + ") (the module's expert_acts), got " + str(act));
-  }
-  const auto a = static_cast<km::ExpertAct>(act);
+  const km::ExpertAct a = expert_act_of(act);
   const bool gated = km::is_gated(a);
   TensorView out = rows_view(out_obj, "out", &in);
   if (out.shape[0] != rows) kb::value_error("out must have input's " + str(rows) + " rows, got " + out.shape_str());
@@ -382,24 +435,11 @@ void expert_act(py::handle out_obj, py::handle in_obj, py::handle offs_obj, int 
   }
   kb::check_no_internal_overlap(out);
   kb::check_disjoint(out, in);
-  if (defaults.size() != km::kExpertActParams) kb::value_error("defaults must hold 3 floats");
   km::ExpertActParams p{};
-  py::object params[km::kExpertActParams] = {p0, p1, p2};
-  const char* names[km::kExpertActParams] = {"p0", "p1", "p2"};
-  for (int i = 0; i < km::kExpertActParams; ++i) {
-    p.param[i] = act_param(params[i], names[i], in, E, p.param_stride[i]);
-    p.param_default[i] = defaults[i].cast<float>();
-  }
-  if (!bias_obj.is_none()) {
-    TensorView bias = tensor(bias_obj, "bias", &in, kDType, "the input's dtype", false);
-    if (bias.ndim != 2 || bias.shape[0] != E || bias.strides[1] != 1 ||
-        bias.shape[1] < std::max(gate_col0, up0) + cols) {
-      kb::value_error("bias must be [experts = " + str(E) + ", >= " + str(std::max(gate_col0, up0) + cols) +
-                      "] with unit column stride (one row per expert, the input's columns), got " + bias.shape_str());
-    }
-    kb::check_element_aligned(bias, sizeof(Elem));
-    p.bias = bias.data, p.bias_stride = bias.strides[0];
-  }
+  set_act_params(p, p0, p1, p2, defaults, in, E);
+  const auto [bias, bias_stride] =
+      act_bias(bias_obj, in, E, std::max(gate_col0, up0) + cols, "one row per expert, the input's columns");
+  p.bias = bias, p.bias_stride = bias_stride;
   p.out = out.data, p.in = in.data, p.offs = static_cast<const int32_t*>(offs.data);
   p.rows = rows, p.experts = E, p.cols = cols, p.in_stride = in.strides[0], p.out_stride = out.strides[0];
   p.gate_col0 = gate_col0, p.up_col0 = up0, p.act = a;
@@ -461,8 +501,10 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
         "out[t] = sum_j weights[t, j] * rows[row of t*k+j]");
   m.def("experts", &experts, py::kw_only(), py::arg("out"), py::arg("x"), py::arg("w"), py::arg("offs"),
         py::arg("gated"), py::arg("act"), py::arg("gate_row0") = 0, py::arg("up_row0") = 0,
-        py::arg("w_scale") = py::none(), py::arg("errors") = 0, py::arg("stream") = 0,
-        "small-batch expert GEMM (gated: the up projection with its activation)");
+        py::arg("w_scale") = py::none(), py::arg("expert_act") = -1, py::arg("p0") = py::none(),
+        py::arg("p1") = py::none(), py::arg("p2") = py::none(), py::arg("defaults") = py::make_tuple(0.0, 0.0, 0.0),
+        py::arg("bias") = py::none(), py::arg("errors") = 0, py::arg("stream") = 0,
+        "small-batch expert GEMM (gated: the up projection with its activation; expert_act: the generic one)");
   m.def("dequant", &dequant, py::kw_only(), py::arg("out"), py::arg("w"), py::arg("w_scale"), py::arg("stream") = 0,
         "fp8 e4m3 weights times their per-expert or 128 x 128 block scales, into the module's dtype");
   m.def("expert_act", &expert_act, py::kw_only(), py::arg("out"), py::arg("input"), py::arg("offs"), py::arg("act"),

@@ -464,7 +464,29 @@ __device__ __forceinline__ bool expert_rows(const ExpertsParams& p, int64_t e, i
   return start < end;
 }
 
-template <typename T, typename W, int VEC, bool GATED, activation::Act A, int SCALE>
+// The generic epilogue's per-CTA state (one expert a CTA): the expert's parameters and bias row.
+template <typename T>
+struct GenericEpilogue {
+  float q[kExpertActParams];
+  const T* bias;  // the expert's bias row, or null
+
+  __device__ __forceinline__ GenericEpilogue(const ExpertsParams& p, int64_t e) {
+    act_params_of(p.epi, e, q);
+    bias = p.epi.bias != nullptr ? static_cast<const T*>(p.epi.bias) + e * p.epi.bias_stride : nullptr;
+  }
+  // The output of column c from its float32 dot products g (gate or plain) and u (up).
+  template <bool GATED>
+  __device__ __forceinline__ float operator()(const ExpertsParams& p, int64_t c, float g, float u) const {
+    if (bias != nullptr) {
+      g += Convert<T>::to_float(bias[p.gate_row0 + c]);
+      if constexpr (GATED) u += Convert<T>::to_float(bias[p.up_row0 + c]);
+    }
+    return apply_expert_act(p.epi.act, g, GATED ? u : 0.f, q[0], q[1], q[2]);
+  }
+};
+
+// GENERIC: the epilogue is ExpertsParams::epi's activation (A unused); otherwise A (GATED) or none.
+template <typename T, typename W, int VEC, bool GATED, activation::Act A, int SCALE, bool GENERIC = false>
 __global__ void __launch_bounds__(kExpertWarps * 32) experts_kernel(const ExpertsParams p) {
   using V = Vec<T, VEC>;
   using VW = Vec<W, VEC>;
@@ -515,7 +537,20 @@ __global__ void __launch_bounds__(kExpertWarps * 32) experts_kernel(const Expert
       ag[r] = tg * warp_sum(ag[r]);
       if constexpr (GATED) au[r] = tg * warp_sum(au[r]);
     }
-    if (lane == 0) {
+    if constexpr (GENERIC) {
+      // Every lane holds every row's sums (warp_sum is a butterfly): lane r finishes row r, one
+      // copy of the epilogue's activation switch.
+      static_assert(R <= 32, "a lane per row");
+      float gr = 0.f, ur = 0.f;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (lane == r) gr = ag[r], ur = au[r];
+      }
+      if (lane < m) {
+        const GenericEpilogue<T> epi(p, e);
+        out[(r0 + lane) * p.out_stride + c] = Convert<T>::from_float(epi.template operator()<GATED>(p, c, gr, ur));
+      }
+    } else if (lane == 0) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         if (r < m) {
@@ -530,7 +565,13 @@ __global__ void __launch_bounds__(kExpertWarps * 32) experts_kernel(const Expert
 template <typename T, typename W, int VEC, int SCALE>
 bool launch_experts_with(const ExpertsParams& q, dim3 grid, cudaStream_t stream) {
   using activation::Act;
-  if (!q.gated) {
+  if (q.generic) {
+    if (q.gated) {
+      experts_kernel<T, W, VEC, true, Act::kSilu, SCALE, true><<<grid, kExpertWarps * 32, 0, stream>>>(q);
+    } else {
+      experts_kernel<T, W, VEC, false, Act::kSilu, SCALE, true><<<grid, kExpertWarps * 32, 0, stream>>>(q);
+    }
+  } else if (!q.gated) {
     experts_kernel<T, W, VEC, false, Act::kSilu, SCALE><<<grid, kExpertWarps * 32, 0, stream>>>(q);
   } else if (q.act == Act::kSilu) {
     experts_kernel<T, W, VEC, true, Act::kSilu, SCALE><<<grid, kExpertWarps * 32, 0, stream>>>(q);
@@ -643,7 +684,7 @@ __device__ __forceinline__ void mma_pass(float (&acc)[NG][kMmaTiles][4], const E
 // rows in all: decode of one token, where occupancy, not the tiles' loads, hides the latency).
 // The 4-tile forms take at most 168 registers (3 CTAs an SM) without spills; the block-scaled fp8
 // ones ~200 (2).
-template <typename T, typename W, bool GATED, activation::Act A, int SCALE, int MAX_TILES>
+template <typename T, typename W, bool GATED, activation::Act A, int SCALE, int MAX_TILES, bool GENERIC = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, MAX_TILES == 1 ? 4
                                                   : SCALE == 2   ? 2
                                                                  : 3) experts_mma_kernel(const ExpertsParams p) {
@@ -716,9 +757,27 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MAX_TILES == 1 ? 4
           }
           const int row = t * 8 + 2 * q + (i & 1);
           const int64_t col = c0 + g + (i >= 2 ? 8 : 0);
-          if (row < m && col < p.cols) {
+          if constexpr (GENERIC) {
+            // Staged in the lane's own slots of red (read above): one copy of the epilogue's
+            // activation switch below instead of one per element.
+#pragma unroll
+            for (int h = 0; h < NG; ++h) red[0][h][t][i][lane] = v[h];
+          } else if (row < m && col < p.cols) {
             float y = v[0];
             if constexpr (GATED) y = activation::apply<A>(v[0]) * v[NG - 1];
+            out[(r0 + row) * p.out_stride + col] = Convert<T>::from_float(y);
+          }
+        }
+      }
+      if constexpr (GENERIC) {
+        const GenericEpilogue<T> epi(p, e);
+#pragma unroll 1
+        for (int k = 0; k < tiles * 4; ++k) {
+          const int t = k / 4, i = k % 4;
+          const int row = t * 8 + 2 * q + (i & 1);
+          const int64_t col = c0 + g + (i >= 2 ? 8 : 0);
+          if (row < m && col < p.cols) {
+            const float y = epi.template operator()<GATED>(p, col, red[0][0][t][i][lane], red[0][NG - 1][t][i][lane]);
             out[(r0 + row) * p.out_stride + col] = Convert<T>::from_float(y);
           }
         }
@@ -732,7 +791,13 @@ template <typename T, typename W, int SCALE, int MAX_TILES>
 void launch_experts_mma_tiles(const ExpertsParams& q, dim3 grid, cudaStream_t stream, bool& launched) {
   using activation::Act;
   launched = true;
-  if (!q.gated) {
+  if (q.generic) {
+    if (q.gated) {
+      experts_mma_kernel<T, W, true, Act::kSilu, SCALE, MAX_TILES, true><<<grid, kMmaWarps * 32, 0, stream>>>(q);
+    } else {
+      experts_mma_kernel<T, W, false, Act::kSilu, SCALE, MAX_TILES, true><<<grid, kMmaWarps * 32, 0, stream>>>(q);
+    }
+  } else if (!q.gated) {
     experts_mma_kernel<T, W, false, Act::kSilu, SCALE, MAX_TILES><<<grid, kMmaWarps * 32, 0, stream>>>(q);
   } else if (q.act == Act::kSilu) {
     experts_mma_kernel<T, W, true, Act::kSilu, SCALE, MAX_TILES><<<grid, kMmaWarps * 32, 0, stream>>>(q);

@@ -23,6 +23,9 @@
 //              of x and each output column c, gated: out[r, c] = act(w[e, gate_row0 + c] . x[r]) *
 //              (w[e, up_row0 + c] . x[r]) (the up projection with its activation fused), plain:
 //              out[r, c] = w[e, c] . x[r] (the down projection); float32 dot products, rounded once.
+//              generic (cutlass_fused_moe's other activations): out[r, c] = expert_act's activation
+//              of the dot products of rows gate_row0 + c (and up_row0 + c) plus their bias, with the
+//              expert's parameters, rounded once (the activation fused into the up projection).
 //              Weights of the module's dtype, or fp8 e4m3 with per-expert or 128 x 128 block scales.
 //   expert_act: the activation between the two projections, with per-expert parameters (FlashInfer's
 //              cutlass_fused_moe activation types): for each row r of expert e (offs) and column
@@ -97,37 +100,6 @@ struct UnpermuteParams {
   int64_t* errors;
 };
 
-struct ExpertsParams {
-  void* out;            // [rows, cols] row stride out_stride
-  const void* x;        // [rows, depth] row stride x_stride
-  const void* w;        // [experts, *, depth]: output column c reads row gate_row0 + c (and up_row0 + c)
-  const int32_t* offs;  // [experts] cumulative row ends (moe_permute's)
-  int64_t rows, experts, cols, depth;
-  int64_t x_stride, out_stride, w_expert_stride, w_row_stride;
-  int64_t gate_row0, up_row0;  // gated: the first gate and up rows of an expert (0 and I, or I and 0)
-  bool gated;
-  activation::Act act;
-  // fp8 e4m3 weights (w_fp8) times float32 scales: per expert (scale_mode 1, w_scale [experts]) or
-  // per 128 x 128 block of each expert's [rows, depth] (scale_mode 2, w_scale [experts,
-  // scale_rows, scale_cols]); 16-bit weights of the module's dtype have none (scale_mode 0).
-  bool w_fp8;
-  int scale_mode;
-  const float* w_scale;
-  int64_t scale_rows, scale_cols;
-  int64_t* errors;
-};
-inline constexpr int64_t kScaleBlock = 128;
-
-// fp8 e4m3 weights times their float32 scales, into the module's dtype: the grouped path's
-// fallback for fp8 weights (no fp8 grouped GEMM yet). Both tensors contiguous [experts, rows, cols].
-struct DequantParams {
-  void* out;
-  const void* w;
-  const float* scale;  // [experts] (scale_mode 1) or [experts, scale_rows, scale_cols] (2)
-  int64_t experts, rows, cols;
-  int scale_mode;
-  int64_t scale_rows, scale_cols;
-};
 // The activations of expert_act (values: kiln.moe's table maps FlashInfer's ActivationType onto
 // them). Parameters p0, p1, p2 per expert (their defaults where none is given):
 //   kSwiglu      gated  g = min(g, p2), u = clamp(u, -p2, p2); g sigmoid(p0 g) (u + p1)
@@ -159,6 +131,58 @@ KILN_HOST_DEVICE constexpr bool is_gated(ExpertAct a) {
   return static_cast<int>(a) <= static_cast<int>(ExpertAct::kSitu);
 }
 
+// The small-batch up projection's generic epilogue (ExpertsParams::generic): expert_act's activation,
+// per-expert parameters and fc1 bias applied to the kernel's float32 dot products, so the only
+// rounding is the activation's (fc1's output is never rounded on its own), as the fused SwiGLU.
+struct ExpertsEpilogue {
+  ExpertAct act;
+  // [experts, >= the weight rows read] (module dtype) row stride bias_stride, or null: the bias of
+  // weight row j is column j (output column c: gate_row0 + c, and up_row0 + c when gated).
+  const void* bias;
+  int64_t bias_stride;
+  // p0..p2: float32, one per expert (stride 1) or one for all (stride 0); null: the default.
+  const float* param[kExpertActParams];
+  int64_t param_stride[kExpertActParams];
+  float param_default[kExpertActParams];
+};
+
+struct ExpertsParams {
+  void* out;            // [rows, cols] row stride out_stride
+  const void* x;        // [rows, depth] row stride x_stride
+  const void* w;        // [experts, *, depth]: output column c reads row gate_row0 + c (and up_row0 + c)
+  const int32_t* offs;  // [experts] cumulative row ends (moe_permute's)
+  int64_t rows, experts, cols, depth;
+  int64_t x_stride, out_stride, w_expert_stride, w_row_stride;
+  int64_t gate_row0, up_row0;  // gated: the first gate and up rows of an expert (0 and I, or I and 0)
+  bool gated;
+  activation::Act act;  // gated, not generic: the fused activation (kSilu or kGeluTanh)
+  // generic: out[r, c] = apply_expert_act(epi.act, gate dot + bias, up dot + bias, expert's p0..p2),
+  // gated == is_gated(epi.act); act is unused.
+  bool generic;
+  ExpertsEpilogue epi;
+  // fp8 e4m3 weights (w_fp8) times float32 scales: per expert (scale_mode 1, w_scale [experts]) or
+  // per 128 x 128 block of each expert's [rows, depth] (scale_mode 2, w_scale [experts,
+  // scale_rows, scale_cols]); 16-bit weights of the module's dtype have none (scale_mode 0).
+  bool w_fp8;
+  int scale_mode;
+  const float* w_scale;
+  int64_t scale_rows, scale_cols;
+  int64_t* errors;
+};
+inline constexpr int64_t kScaleBlock = 128;
+
+// fp8 e4m3 weights times their float32 scales, into the module's dtype: the grouped path's
+// fallback for fp8 weights (no fp8 grouped GEMM yet). Both tensors contiguous [experts, rows, cols].
+struct DequantParams {
+  void* out;
+  const void* w;
+  const float* scale;  // [experts] (scale_mode 1) or [experts, scale_rows, scale_cols] (2)
+  int64_t experts, rows, cols;
+  int scale_mode;
+  int64_t scale_rows, scale_cols;
+};
+
+// expert_act's launch: the activation of a rounded fc1 output (the grouped path's generic form).
 struct ExpertActParams {
   void* out;            // [rows, cols] row stride out_stride (disjoint from in)
   const void* in;       // [rows, >= gate_col0 + cols (and up_col0 + cols)] row stride in_stride
@@ -233,6 +257,17 @@ KILN_HOST_DEVICE float apply_expert_act(ExpertAct a, float g, float u, float p0,
     default:  // kIdentity (the binding admits no other value)
       return g;
   }
+}
+
+// Expert e's activation parameters p0..p2 (ExpertActParams or ExpertsEpilogue): its own where
+// given, else the defaults.
+// (Written out: no loop for the device compiler to leave rolled, which would put q in local memory.)
+template <typename P>
+KILN_HOST_DEVICE void act_params_of(const P& p, int64_t e, float (&q)[kExpertActParams]) {
+  static_assert(kExpertActParams == 3, "act_params_of reads p0..p2");
+  q[0] = p.param[0] != nullptr ? p.param[0][e * p.param_stride[0]] : p.param_default[0];
+  q[1] = p.param[1] != nullptr ? p.param[1][e * p.param_stride[1]] : p.param_default[1];
+  q[2] = p.param[2] != nullptr ? p.param[2][e * p.param_stride[2]] : p.param_default[2];
 }
 
 // The expert of row r: the first e with offs[e] > r, or `experts` when r lies past every expert's

@@ -194,6 +194,12 @@ Status experts(const ExpertsParams& p, LaunchContext) {
   const T* x = static_cast<const T*>(p.x);
   T* out = static_cast<T*>(p.out);
   for (int64_t e = 0; e < p.experts; ++e) {
+    float q[kExpertActParams] = {};
+    const T* bias = nullptr;
+    if (p.generic) {
+      act_params_of(p.epi, e, q);
+      if (p.epi.bias != nullptr) bias = static_cast<const T*>(p.epi.bias) + e * p.epi.bias_stride;
+    }
     for (int64_t r = e > 0 ? p.offs[e - 1] : 0; r < p.offs[e]; ++r) {
       const T* xr = x + r * p.x_stride;
       for (int64_t c = 0; c < p.cols; ++c) {
@@ -204,7 +210,13 @@ Status experts(const ExpertsParams& p, LaunchContext) {
           if (p.gated) u += weight(p, e, p.up_row0 + c, k) * xv;
         }
         float v = g;
-        if (p.gated) {
+        if (p.generic) {
+          if (bias != nullptr) {
+            g += C::to_float(bias[p.gate_row0 + c]);
+            if (p.gated) u += C::to_float(bias[p.up_row0 + c]);
+          }
+          v = apply_expert_act(p.epi.act, g, p.gated ? u : 0.f, q[0], q[1], q[2]);
+        } else if (p.gated) {
           v = (p.act == activation::Act::kGeluTanh ? activation::apply<activation::Act::kGeluTanh>(g)
                                                    : activation::apply<activation::Act::kSilu>(g)) *
               u;
@@ -250,9 +262,7 @@ Status expert_act(const ExpertActParams& p, LaunchContext) {
       continue;
     }
     float q[kExpertActParams];
-    for (int i = 0; i < kExpertActParams; ++i) {
-      q[i] = p.param[i] != nullptr ? p.param[i][e * p.param_stride[i]] : p.param_default[i];
-    }
+    act_params_of(p, e, q);
     const T* in = static_cast<const T*>(p.in) + r * p.in_stride;
     const T* bias = p.bias != nullptr ? static_cast<const T*>(p.bias) + e * p.bias_stride : nullptr;
     for (int64_t c = 0; c < p.cols; ++c) {

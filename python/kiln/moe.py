@@ -516,6 +516,58 @@ def _experts_op(
     errors.after_launch(device)
 
 
+# expert_act's gated activations (moe.h is_gated).
+_GATED_KINDS = frozenset(("swiglu", "swiglu_step", "geglu", "geglu_tanh", "situ"))
+
+
+@custom_op("moe_experts_act", mutates=("out",))
+def _experts_act_op(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    offs: torch.Tensor,
+    act: str,
+    gate_row0: int,
+    up_row0: int,
+    p0: torch.Tensor | None,
+    p1: torch.Tensor | None,
+    p2: torch.Tensor | None,
+    d0: float,
+    d1: float,
+    d2: float,
+    bias: torch.Tensor | None,
+    w_scale: torch.Tensor | None = None,
+) -> None:
+    """The small-batch expert GEMM with the generic epilogue: out [rows, cols] = the activation
+    `act` (ops/moe/moe.h ExpertAct) of the float32 dot products of w's rows [gate_row0, +cols) (and
+    [up_row0, +cols) when gated) plus bias (x's dtype [E, >= those rows], column = weight row), with
+    each expert's p0..p2 (float32 [E] or [1]; None: d0..d2), rounded once."""
+    device = x.device
+    mod = _module("kiln.cutlass_fused_moe", device, x.dtype, "hidden_states.dtype")
+    dl = _jit.dl
+    code = mod.expert_acts[act]
+    mod.experts(
+        out=dl(out),
+        x=dl(x),
+        w=dl(w),
+        offs=dl(offs),
+        gated=act in _GATED_KINDS,
+        act=0,
+        gate_row0=gate_row0,
+        up_row0=up_row0,
+        w_scale=None if w_scale is None else dl(w_scale),
+        expert_act=code,
+        p0=None if p0 is None else dl(p0),
+        p1=None if p1 is None else dl(p1),
+        p2=None if p2 is None else dl(p2),
+        defaults=(d0, d1, d2),
+        bias=None if bias is None else dl(bias),
+        errors=errors.record_address(device),
+        stream=_jit.stream_of(device),
+    )
+    errors.after_launch(device)
+
+
 @custom_op("moe_expert_act", mutates=("out",))
 def _expert_act_op(
     out: torch.Tensor,
@@ -645,7 +697,7 @@ def _decide(t, k, e, h, i, fp8_13, fp8_2, block13, up_first, generic, backend, u
     return small, gemm13, gemm2
 
 
-def _layer_plan(t, k, e, h, i, rows13, dtype, small, deq13, deq2, generic, x_copy):
+def _layer_plan(t, k, e, h, i, rows13, dtype, small, deq13, deq2, x_copy):
     """The scratch buffers of one layer call, in the order the call takes them: the workspace need
     is their sum (_plan_bytes). The fp8 grouped GEMMs' quantised activations are not in it
     (kiln.per_token_group_quant_fp8 allocates them)."""
@@ -656,7 +708,7 @@ def _layer_plan(t, k, e, h, i, rows13, dtype, small, deq13, deq2, generic, x_cop
         plan.append(("deq13", (e, rows13, h), dtype))
     if deq2:
         plan.append(("deq2", (e, h, i), dtype))
-    if generic or not small:
+    if not small:  # (the small-batch kernels fuse the activation into the up projection)
         plan.append(("up", (n, rows13), dtype))
     plan += [("act", (n, i), dtype), ("down", (n, h), dtype), ("inv", (n,), i32)]
     return plan
@@ -746,7 +798,7 @@ def _layer(
         t, k, e, h, i, fp8_13, fp8_2, block13, up_first, generic, backend, unit13, unit2
     )
     deq13, deq2 = not small and fp8_13 and not gemm13, not small and fp8_2 and not gemm2
-    plan = _layer_plan(t, k, e, h, i, rows13, dtype, small, deq13, deq2, generic, x_copy)
+    plan = _layer_plan(t, k, e, h, i, rows13, dtype, small, deq13, deq2, x_copy)
     buf = _take(api, plan, x.device, workspace)
     if x_copy:
         x = buf["x"].copy_(x)
@@ -759,11 +811,16 @@ def _layer(
     s13 = w13_scale if fp8_13 else None
     s2 = w2_scale if fp8_2 else None
     # The up projection (and the activation).
-    if generic:
+    gate0, up0 = ((i, 0) if up_first else (0, i)) if gated else (0, 0)
+    b13 = None if bias13 is None else bias13.to(dtype)
+    if generic and small:
+        # The activation (its parameters and fc1's bias) fused into the small-batch up projection:
+        # fc1's output stays float32 into it and only the activation is rounded, as the fused SwiGLU.
+        a = buf["act"]
+        _experts_act_op(a, permuted, w13, offs, act.kind, gate0, up0, *act.params, *act.defaults, b13, s13)
+    elif generic:
         h1 = buf["up"]  # [n, rows13]: the whole of fc1's rows, in their order
-        if small:
-            _experts_op(h1, permuted, w13, offs, False, "silu", 0, 0, s13)
-        elif gemm13:
+        if gemm13:
             xq, xs = per_token_group_quant_fp8(permuted, BLOCK)
             sc = w13_scale if block13 else _block_scales(w13_scale, w13.shape)
             _group_fp8(api, xq, w13, xs, sc.to(torch.float32), offs, True, "K", h1)
@@ -771,15 +828,12 @@ def _layer(
             w = _dequantized(w13, s13, dtype, buf.get("deq13"))
             grouped_mm(permuted, w.transpose(1, 2), offs, out=h1, backend=backend)
         a = buf["act"]
-        gate0, up0 = ((i, 0) if up_first else (0, i)) if gated else (0, 0)
-        b13 = None if bias13 is None else bias13.to(dtype)
         _expert_act_op(a, h1, offs, act.kind, gate0, up0, *act.params, *act.defaults, b13)
     elif small:
         # Few rows per expert (decode): the small-batch kernels read each selected expert's weights
         # once (fp8 ones as they are, scaled in the kernel), the activation fused into the up
         # projection.
         a = buf["act"]
-        gate0, up0 = (i, 0) if up_first else (0, i)
         _experts_op(a, permuted, w13, offs, True, activation, gate0, up0, s13)
     else:
         up = buf["up"]
@@ -813,7 +867,12 @@ def _layer(
         a = ACTIVATIONS[activation](up, out=buf["act"])
     # The down projection.
     down = buf["down"]
-    if small:
+    if small and bias2 is not None:  # fc2's bias in the epilogue too: one rounding of fc2's output
+        _experts_act_op(
+            down, a, w2, offs, "identity", 0, 0, None, None, None, 0.0, 0.0, 0.0, bias2.to(dtype), s2
+        )
+        bias2 = None
+    elif small:
         _experts_op(down, a, w2, offs, False, "silu", 0, 0, s2)
     elif gemm2:
         aq, as_ = per_token_group_quant_fp8(a, BLOCK)
@@ -1473,6 +1532,6 @@ def cutlass_fused_moe_workspace_size(
                 t, k, e, h, i, fp8, fp8, use_deepseek_fp8_block_scale, True, generic, "auto"
             )
             deq13, deq2 = not small and fp8 and not gemm13, not small and fp8 and not gemm2
-            plan = _layer_plan(t, k, e, h, i, rows13, dtype, small, deq13, deq2, generic, fp8_input)
+            plan = _layer_plan(t, k, e, h, i, rows13, dtype, small, deq13, deq2, fp8_input)
             need = max(need, _plan_bytes(plan))
     return need

@@ -3,7 +3,10 @@ that tests 0.7.2's cutlass_fused_moe: its activation types with ClampedRelu2, wo
 cutlass_fused_moe_workspace_size) against kiln, through ``import kiln as flashinfer``. Where
 FlashInfer's tests call ``flashinfer.fused_moe.X`` these call ``kiln.moe.X`` (kiln's top-level
 ``kiln.fused_moe`` is vLLM's layer function; docs/moe.md). The parametrisations, assertions and
-tolerances are FlashInfer's; the references are kiln's own (float32, kiln.trace.moe's activations).
+tolerances are FlashInfer's; the references are kiln's own (float32, kiln.trace.moe's activations),
+rounded to the activation dtype where FlashInfer's fp16 reference rounds what any 16-bit layer must
+(the activation, fc2's operand, and each expert's fc2 output): at SwigluStep's scale (activations up
+to 49, outputs ~100) that rounding alone is ~0.01 off near zero, FlashInfer's atol.
 
 Not claimed by kiln (each such case skips, naming it): nvfp4, mxfp8 x mxfp4, mxfp8 x mxfp8, bf16 x
 mxfp4 (W4A16), fp8 x mxfp4 (humming) and w4a8 (int4) weights -- the formats of FlashInfer's Blackwell
@@ -100,7 +103,9 @@ def compute_with_experts(
 ):
     """The layer in float32, one expert at a time: fc1 rows [0, I) up, [I, 2I) gate (FlashInfer's
     w31); situ_beta / situ_linear_beta / limit a float or one value per expert. Rounded to x's
-    dtype once."""
+    dtype where the layer has 16-bit tensors, as FlashInfer's reference (every op of it in x's
+    dtype) rounds them too: the activation (fc2's operand) and each expert's fc2 output; the
+    k-way sum is float32, rounded once."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     kind = _KINDS[activation_type]
 
@@ -122,9 +127,8 @@ def compute_with_experts(
             inter = expert_act_float(kind, gate, up, p2=7.0 if limit is None else per_expert(limit, e))
         else:
             inter = expert_act_float(kind, gate, up)
-        out.index_add_(
-            0, tok, routing_weights[tok, slot].float()[:, None] * (inter @ w2_weight[e].float().t())
-        )
+        down = inter.to(x.dtype).float() @ w2_weight[e].float().t()
+        out.index_add_(0, tok, routing_weights[tok, slot].float()[:, None] * down.to(x.dtype).float())
     return out.to(x.dtype)
 
 

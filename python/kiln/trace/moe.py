@@ -9,8 +9,9 @@ of their two largest biased scores. The layer's reference loops over the experts
 each, index_add of the weighted rows): the per-token loop of the tests is the same sum, too slow
 for the benchmark's 16k-token workloads.
 
-Tolerances of the layer: kiln rounds the up projection, the activation product and the down
-projection to the activation dtype (three roundings of half an ulp, 2^-9 bf16 / 2^-12 fp16,
+Tolerances of the layer: kiln rounds the up projection (the grouped path; at decode sizes the
+activation takes its float32 dot products), the activation product and the down projection to the
+activation dtype (up to three roundings of half an ulp, 2^-9 bf16 / 2^-12 fp16,
 mostly averaging out in the sums), then adds the k weighted rows in float32: 2e-2 bf16, 4e-3 fp16
 relative on outputs of order 1, with atol for the elements near zero.
 """
@@ -356,25 +357,26 @@ def act_float(x, activation):
 
 
 def expert_act_float(kind, g, u=None, p0=1.0, p1=0.0, p2=math.inf):
-    """cutlass_fused_moe's activations (ops/moe/moe.h's expert_act table), float32: g the gate (or
-    the plain activation's input), u the up projection; p0..p2 the activation's parameters (floats,
-    or tensors that broadcast against g)."""
-    g = g.float()
-    u = None if u is None else u.float()
+    """cutlass_fused_moe's activations (ops/moe/moe.h's expert_act table), float32 (float64 for
+    float64 g and u): g the gate (or the plain activation's input), u the up projection; p0..p2 the
+    activation's parameters (floats, or tensors that broadcast against g)."""
+    dt = torch.float64 if g.dtype == torch.float64 else torch.float32
+    g = g.to(dt)
+    u = None if u is None else u.to(dt)
     silu = torch.nn.functional.silu
     if kind == "swiglu":  # SwiGLU with bias: alpha p0, beta p1, limit p2
-        g = torch.minimum(g, torch.as_tensor(p2, dtype=torch.float32, device=g.device))
-        lim = torch.as_tensor(p2, dtype=torch.float32, device=g.device)
+        g = torch.minimum(g, torch.as_tensor(p2, dtype=dt, device=g.device))
+        lim = torch.as_tensor(p2, dtype=dt, device=g.device)
         return g * torch.sigmoid(p0 * g) * (torch.maximum(torch.minimum(u, lim), -lim) + p1)
     if kind == "swiglu_step":
-        lim = torch.as_tensor(p2, dtype=torch.float32, device=g.device)
+        lim = torch.as_tensor(p2, dtype=dt, device=g.device)
         return torch.minimum(silu(g), lim) * torch.maximum(torch.minimum(u, lim), -lim)
     if kind == "geglu":
         return torch.nn.functional.gelu(g) * u
     if kind == "geglu_tanh":
         return torch.nn.functional.gelu(g, approximate="tanh") * u
     if kind == "situ":  # beta p0, linear beta p1, limit p2
-        lim = torch.as_tensor(p2, dtype=torch.float32, device=g.device)
+        lim = torch.as_tensor(p2, dtype=dt, device=g.device)
         g = torch.minimum(g, lim)
         u = torch.maximum(torch.minimum(u, lim), -lim)
         return p0 * torch.tanh(g / p0) * torch.sigmoid(g) * (p1 * torch.tanh(u / p1))
