@@ -134,7 +134,10 @@ Status decode(const DecodeParams& p) {
   if (p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) {
     return Status::Error(1, "decode: num_qo_heads must be a multiple of num_kv_heads");
   }
-  if (p.q_len < 1 || p.kv_len == nullptr) return Status::Error(1, "decode: q_len must be >= 1, with kv_len given");
+  // An empty batch has no lengths to point at (a tensor of no elements may have no data).
+  if (p.q_len < 1 || (p.kv_len == nullptr && p.work_capacity > 0)) {
+    return Status::Error(1, "decode: q_len must be >= 1, with kv_len given");
+  }
   for (int64_t w = 0; w < p.work_capacity; ++w) {
     if (p.work_request[w] < 0) continue;
     Status st = check_pages(p.kv, p.work_request[w], p.work_token_begin[w], p.work_token_end[w]);

@@ -688,7 +688,7 @@ Status launch_decode(const DecodeParams& p, LaunchContext ctx) {
     return Status::Error(1, "decode: num_qo_heads (" + std::to_string(p.num_qo_heads) +
                                 ") must be a multiple of num_kv_heads (" + std::to_string(p.num_kv_heads) + ")");
   }
-  if (p.q_len < 1 || p.q_len > 0x7fffffffLL || p.kv_len == nullptr) {
+  if (p.q_len < 1 || p.q_len > 0x7fffffffLL || (p.kv_len == nullptr && p.work_capacity > 0)) {
     return Status::Error(
         1, "decode: q_len must be >= 1 (got " + std::to_string(p.q_len) + ") and kv_len the requests' lengths");
   }

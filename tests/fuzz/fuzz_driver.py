@@ -612,7 +612,7 @@ def fuzz_positions():
         consistent = (
             len(seqs) == len(steps)
             and all(x >= 0 for x in steps)
-            and int(indptr[-1]) == nnz
+            and 0 <= int(indptr[-1]) <= nnz  # tokens past indptr[-1] are padding (CUDA-graph sizes)
             and all(s_ >= n for s_, n in zip(seqs, steps, strict=True))
         )
         info = {"indptr": indptr.tolist(), "seq": seqs, "nnz": nnz}
