@@ -37,8 +37,8 @@ def _cc_of_index(index: int) -> tuple[int, int]:
 
 def _cuda_cc(device: torch.device) -> tuple[int, int] | None:
     """The compute capability of a CUDA device, None for any other device (cached per index)."""
-    if device.type != "cuda":
-        return None
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None  # no CUDA runtime: a "cuda" device here is a fake tensor's (torch.compile tracing)
     return _cc_of_index(device.index if device.index is not None else torch.cuda.current_device())
 
 
