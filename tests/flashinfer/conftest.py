@@ -35,9 +35,17 @@ import pytest
 NOT_CLAIMED = "kiln does not claim"
 
 
+FLASHINFER_SKIP = "FlashInfer's own test skips"
+
+
 def not_claimed(what: str) -> None:
     """Skip this case: kiln does not offer `what` (a feature of FlashInfer's, named precisely)."""
     pytest.skip(f"{NOT_CLAIMED} {what}")
+
+
+def flashinfer_skips(why: str) -> None:
+    """Skip this case as FlashInfer's own test does (a combination it does not test), saying so."""
+    pytest.skip(f"{FLASHINFER_SKIP} {why}")
 
 
 def pytest_generate_tests(metafunc):

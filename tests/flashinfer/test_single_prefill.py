@@ -20,7 +20,7 @@ import torch
 
 import kiln as flashinfer
 from kiln.trace.attention import attention
-from tests.flashinfer.conftest import not_claimed
+from tests.flashinfer.conftest import flashinfer_skips, not_claimed
 
 CPU_CASES = {
     "kv_len": (501, 128),
@@ -46,7 +46,7 @@ def test_sinqle_prefill_with_paged_kv_cache(
 ):
     torch.manual_seed(0)
     if qo_len > kv_len and causal:
-        pytest.skip("qo_len > kv_len and causal is not supported")
+        flashinfer_skips("qo_len > kv_len with causal")
     q = torch.randn(qo_len, num_qo_heads, head_dim, device=device, dtype=torch.float16)
     k = torch.randn(kv_len, num_kv_heads, head_dim, device=device, dtype=torch.float16)
     v = torch.randn(kv_len, num_kv_heads, head_dim, device=device, dtype=torch.float16)
@@ -85,7 +85,7 @@ def _run_single_prefill_with_kv_cache_nvfp4(
     if head_dim not in (64, 128, 256):
         not_claimed(f"head_dim {head_dim} in single_prefill_with_kv_cache (kiln's prefill has 64, 128, 256)")
     if qo_len > kv_len and causal:
-        pytest.skip("qo_len > kv_len and causal is not supported")
+        flashinfer_skips("qo_len > kv_len with causal")
     torch.manual_seed(42)
     q = torch.randn(qo_len, num_qo_heads, head_dim, device=device, dtype=q_dtype)
     kv_shape = (kv_len, num_kv_heads, head_dim // 2)
