@@ -48,7 +48,7 @@ def _executor() -> ThreadPoolExecutor:
         return _worker
 
 
-def outside_graph_pools(device: torch.device, build, *args, **kwargs):
+def outside_graph_pools(device: torch.device, build, /, *args, **kwargs):
     """`build(*args, **kwargs)` with what it allocates on `device` outside a warming CUDA graph's
     pool (the module docstring says how): for what kiln keeps across calls. Its exceptions are
     raised here."""

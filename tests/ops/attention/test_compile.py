@@ -201,6 +201,9 @@ def test_outside_graph_pools_builds_on_its_own_thread():
 
     with pytest.raises(ValueError, match="bad build"):
         _persistent.outside_graph_pools(cpu, fails)
+    # The build's own keywords pass through, `device` too (the error record builds with it).
+    made = _persistent.outside_graph_pools(cpu, torch.zeros, 3, dtype=torch.int64, device=cpu)
+    assert made.dtype == torch.int64 and made.shape == (3,)
     with _MadeOnThisThread() as mode:
         _kept.append(_persistent.outside_graph_pools(cpu, torch.zeros, 4))
         _kept.append(torch.ones(4))
