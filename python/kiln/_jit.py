@@ -24,13 +24,11 @@ from kiln.runtime import jit
 from kiln.runtime.arch import Arch, ArchContext, ArchError, format_arch_list
 
 from . import _dtypes, errors, utils
+from .diagnostics import hooks
 
 _cache: dict[tuple, object] = {}
 _by_value: dict[tuple, object] = {}
 _lock = threading.Lock()
-# Set by API logging when diagnostics are on (kiln/diagnostics/call.py), so a logged call can
-# record which module it used before the kernel runs; None otherwise (one global read per call).
-module_observer = None
 
 
 def backend_of(device: torch.device) -> str:
@@ -103,15 +101,15 @@ def module(label: str, device: torch.device, api: str, *, names: dict | None = N
     found = _by_value.get(key)
     if found is None:
         found = _by_value[key] = module_for(label, axis_params(label, api, axes, names), device)
-    elif module_observer is not None:
-        module_observer(label, None, device, found)
+    elif hooks.module_observer is not None:
+        hooks.module_observer(label, None, device, found)
     return found
 
 
 def module_for(label: str, params: tuple[tuple[str, str], ...], device: torch.device):
     module = _cache.get((label, params, device)) or _load(label, params, device)
-    if module_observer is not None:
-        module_observer(label, params, device, module)
+    if hooks.module_observer is not None:
+        hooks.module_observer(label, params, device, module)
     return module
 
 
@@ -138,8 +136,8 @@ def triton_module(label: str, device: torch.device, api: str, *, names: dict | N
     fast = (label, device, "triton", *axes.items())
     found = _by_value.get(fast)
     if found is not None:
-        if module_observer is not None:
-            module_observer(label, None, device, found)
+        if hooks.module_observer is not None:
+            hooks.module_observer(label, None, device, found)
         return found
     if device.type != "cuda":
         raise ValueError(f"{api}: the triton backend runs on CUDA tensors, got {device} tensors")
@@ -154,8 +152,8 @@ def triton_module(label: str, device: torch.device, api: str, *, names: dict | N
                 spec = module_spec(label, dict(params), "triton")
                 found = _cache[key] = jit.load(spec, arch_context(label, device))
     _by_value[fast] = found
-    if module_observer is not None:
-        module_observer(label, params, device, found)
+    if hooks.module_observer is not None:
+        hooks.module_observer(label, params, device, found)
     return found
 
 

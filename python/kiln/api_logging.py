@@ -25,43 +25,14 @@ the function of a dump there, and `uncovered(kiln)` lists public APIs that were 
 
 from __future__ import annotations
 
-import functools
 import inspect
-import threading
 import types
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from .diagnostics.registry import ApiEntry, register, registered
 from .diagnostics.settings import Settings
 
 __all__ = ["ApiEntry", "is_logged", "logged_api", "public_api", "registered", "uncovered"]
-
-
-@dataclass(frozen=True)
-class ApiEntry:
-    name: str
-    fn: Callable  # the undecorated function
-    mutates: tuple[str, ...] = ()
-
-    @functools.cached_property
-    def signature(self) -> inspect.Signature | None:
-        try:
-            return inspect.signature(self.fn)
-        except (TypeError, ValueError):
-            return None
-
-    def outputs(self, result: object, named: list[tuple[str, object]]) -> list[tuple[str, object]]:
-        """What a call produced: the arguments it mutates, then its result unless that is one of
-        them (rmsnorm(x, w, out=o) returns o: it is reported once, as `out`)."""
-        given = dict(named)
-        out = [(m, given[m]) for m in self.mutates if given.get(m) is not None]
-        if result is not None and not any(result is v for _, v in out):
-            out.append(("result", result))
-        return out
-
-
-_registry: dict[str, ApiEntry] = {}
-_registry_lock = threading.Lock()
 
 
 def _default_name(fn: Callable) -> str:
@@ -71,22 +42,11 @@ def _default_name(fn: Callable) -> str:
     return f"{module}.{fn.__qualname__}"
 
 
-def _register(entry: ApiEntry) -> None:
-    with _registry_lock:
-        old = _registry.get(entry.name)
-        if old is not None and (old.fn.__module__, old.fn.__qualname__) != (
-                entry.fn.__module__, entry.fn.__qualname__):
-            raise ValueError(
-                f"logged_api: {entry.name!r} already names {old.fn.__module__}.{old.fn.__qualname__}; "
-                f"give {entry.fn.__module__}.{entry.fn.__qualname__} a name of its own")
-        _registry[entry.name] = entry
-
-
 def _decorate(fn: Callable, name: str | None, mutates: tuple[str, ...]) -> Callable:
     if not callable(fn):
         raise TypeError(f"logged_api decorates functions and methods, not {type(fn).__name__}")
     entry = ApiEntry(name or _default_name(fn), fn, tuple(mutates))
-    _register(entry)
+    register(entry)
     fn.__kiln_api__ = entry.name  # marks it covered; an attribute costs nothing per call
     settings = Settings.from_env()
     if not settings.active:
@@ -106,12 +66,6 @@ def logged_api(fn_or_name: Callable | str | None = None, /, *, mutates: tuple[st
 def is_logged(obj: object) -> bool:
     """Was `obj` (a function, a method, or the wrapper returned for it) decorated by logged_api?"""
     return getattr(obj, "__kiln_api__", None) is not None
-
-
-def registered() -> dict[str, ApiEntry]:
-    """Every decorated API in this process, by name."""
-    with _registry_lock:
-        return dict(_registry)
 
 
 def public_api(module: types.ModuleType) -> dict[str, object]:

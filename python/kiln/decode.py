@@ -50,6 +50,7 @@ from . import _attention, _jit, _persistent
 from ._decode_schedule import schedule
 from ._ops import custom_op, inference_only
 from .api_logging import logged_api
+from .diagnostics import hooks
 from .trace import attention as attention_traces
 from .trace import traced
 
@@ -499,8 +500,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
                           k_scale, v_scale, p.q_len, p.window_left, p.rope, f["rope_scale"], f["rope_theta"])
             return (out, lse) if return_lse else out
         inference_only(API + ".run", q, k_cache, v_cache)
-        if _jit.module_observer is not None:  # API logging: the module the plan chose
-            _jit.module_observer(_attention.DECODE, None, q.device, p.module)
+        if hooks.module_observer is not None:  # API logging: the module the plan chose
+            hooks.module_observer(_attention.DECODE, None, q.device, p.module)
         to_dl = _jit.dl
         fixed = p.fixed if q_scale is None else {**p.fixed, "sm_scale": sm_scale}
         p.module.decode(q=to_dl(q), k_cache=to_dl(k_cache), v_cache=to_dl(v_cache), out=to_dl(out),

@@ -51,6 +51,7 @@ from . import _jit, autotuner, errors
 from ._ops import custom_op
 from ._support import backend_requirement, check_backend
 from .api_logging import logged_api
+from .diagnostics import hooks
 from .trace import gemm as gemm_traces
 from .trace import traced
 from .utils import use_pdl
@@ -872,7 +873,7 @@ def _tactics_of(device: torch.device, dtype: torch.dtype) -> _TritonTactics:
     dict lookup; through _jit.triton_module (which builds or loads it, and reports it to API logging's
     module observer) on the first and whenever the observer is on."""
     tactics = _triton_by_call.get((device, dtype))
-    if tactics is None or _jit.module_observer is not None:
+    if tactics is None or hooks.module_observer is not None:
         mod = _jit.triton_module(GROUPED, device, "kiln.grouped_mm", dtype=dtype, names={"dtype": "a.dtype"})
         tactics = _triton_tactics.get(id(mod))
         if tactics is None:

@@ -57,6 +57,7 @@ from . import _attention, _jit, _persistent
 from . import _prefill_mask as masks
 from ._ops import custom_op, inference_only
 from .api_logging import logged_api
+from .diagnostics import hooks
 from .trace import attention as attention_traces
 from .trace import traced
 
@@ -367,8 +368,8 @@ class _PrefillPlan:
                 out.mul_(v_scale)
             return (out, lse) if return_lse else out
         inference_only(self.api + ".run", q, k_cache, v_cache)
-        if _jit.module_observer is not None:  # API logging: the module the plan chose
-            _jit.module_observer(_attention.PREFILL, None, q.device, self.module)
+        if hooks.module_observer is not None:  # API logging: the module the plan chose
+            hooks.module_observer(_attention.PREFILL, None, q.device, self.module)
         dl = _jit.dl
         self.module.prefill(q=dl(q), k_cache=dl(k_cache), v_cache=dl(v_cache), kv_layout=layout,
                             out=dl(out), lse=None if lse is None else dl(lse),

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from kiln import api_logging
 from kiln.api_logging import logged_api
+from kiln.diagnostics import registry
 from kiln.runtime import env
 
 DIAG_KNOBS = ("KILN_LOGLEVEL", "KILN_LOGDEST", "KILN_DUMP", "KILN_DUMP_DIR", "KILN_DUMP_MAX_COUNT",
@@ -46,4 +46,4 @@ def restore_registry(monkeypatch):
     import kiln
 
     kiln.load_api()
-    monkeypatch.setattr(api_logging, "_registry", dict(api_logging._registry))
+    monkeypatch.setattr(registry, "_registry", dict(registry._registry))

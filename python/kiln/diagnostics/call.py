@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from . import describe, dump, force, provenance
+from . import describe, dump, force, hooks, provenance
 from .settings import Settings
 from .sink import Sink, sink_for
 
@@ -40,7 +40,7 @@ _force_announced = threading.Event()
 
 
 def wrap(entry, settings: Settings):
-    """The logging wrapper of `entry.fn` (an api_logging.ApiEntry) under `settings`."""
+    """The logging wrapper of `entry.fn` (a registry.ApiEntry) under `settings`."""
     sink = sink_for(settings.dest)
     dumper = dump.dumper_for(settings, sink) if settings.dump else None
     selected = settings.selected(entry.name)
@@ -58,9 +58,7 @@ def wrap(entry, settings: Settings):
 
 
 def _install_module_observer() -> None:
-    from kiln import _jit
-
-    _jit.module_observer = _observe_module
+    hooks.module_observer = _observe_module
 
 
 def _observe_module(label, params, device, module) -> None:

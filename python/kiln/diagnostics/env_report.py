@@ -90,11 +90,9 @@ def variables() -> list[dict]:
 
 
 def collect() -> dict:
-    import kiln
-
     ws = Workspace(Path(env.snapshot().value("KILN_WORKSPACE_BASE")).absolute())
     return {
-        "kiln": {"version": sources.kiln_version(), "package": str(Path(kiln.__file__).parent),
+        "kiln": {"version": sources.kiln_version(), "package": str(Path(__file__).resolve().parents[1]),
                  "sources": str(_probe(sources.source_root))},
         "python": {"version": sys.version.split()[0], "executable": sys.executable,
                    "abi": sources.python_abi()},

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from . import describe
+from . import describe, registry
 from .dump import CALL_JSON, FORMAT
 from .record import Decoder, ReplayError
 
@@ -49,17 +49,15 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _entry(record: dict):
-    from kiln import api_logging
-
     function = record.get("function") or {}
     try:
         importlib.import_module(function.get("module") or "kiln")
     except ImportError as e:
         raise ReplayError(f"cannot import {function.get('module')!r}, which defined "
                           f"{record['api']}: {e}") from e
-    entry = api_logging.registered().get(record["api"])
+    entry = registry.registered().get(record["api"])
     if entry is None:
-        known = ", ".join(sorted(api_logging.registered()))
+        known = ", ".join(sorted(registry.registered()))
         raise ReplayError(f"no API named {record['api']!r} in this kiln (registered: {known}); "
                           "replay it with the kiln version that recorded it")
     params = list(entry.signature.parameters) if entry.signature else []

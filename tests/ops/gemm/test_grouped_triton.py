@@ -505,12 +505,12 @@ def test_the_module_lookup_is_cached_except_while_api_logging_observes_it(monkey
     monkeypatch.setattr(gemm._jit, "triton_module", lambda *a, **kw: lookups.append(a[1]) or mod)
     monkeypatch.setattr(gemm, "_triton_by_call", {})
     # API logging off for the first part, whatever an earlier test or the environment left on
-    monkeypatch.setattr(gemm._jit, "module_observer", None)
+    monkeypatch.setattr(gemm.hooks, "module_observer", None)
     dev = torch.device("cuda", 3)  # (a key only: nothing runs)
     first = gemm._tactics_of(dev, BF16)
     assert gemm._tactics_of(dev, BF16) is first and lookups == [dev]
     assert first.mod is mod and first.tactic_names[0] == "grouped_mm_kmajor"
-    monkeypatch.setattr(gemm._jit, "module_observer", lambda *a: None)
+    monkeypatch.setattr(gemm.hooks, "module_observer", lambda *a: None)
     assert gemm._tactics_of(dev, BF16) is first and gemm._tactics_of(dev, BF16) is first
     assert lookups == [dev] * 3
 
