@@ -59,7 +59,8 @@ struct DecodeShape {
   static constexpr int VEC = 16 / int(sizeof(KV));
   // Tokens per warp per pipeline stage, in MMA m-tiles of 16: an fp8 cache takes 32, so a stage
   // holds the bytes of a 16-bit one and each step of a warp's serial chain (wait, QK, softmax, PV)
-  // moves twice the tokens; the chain, not bandwidth, bounded 16-token fp8 tiles (0.76x bf16).
+  // moves twice the tokens; the chain, not bandwidth, bounded 16-token fp8 tiles
+  // (docs/perf/decode-fp8.md).
   static constexpr int TILE = sizeof(KV) == 1 ? 32 : 16;
   static constexpr int STAGES = HEAD_DIM >= 256 ? 2 : 3;
   static constexpr int KSTEPS = HEAD_DIM / 16;  // MMA k-steps of S^T = K Q^T
@@ -238,7 +239,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
 
   // The grid walks a work item's kv heads (x head chunks) fastest, so the CTAs reading the slices
   // of the same token rows run side by side: 8 NHD heads' 256-byte slices make one 2 KB row,
-  // fetched from DRAM together (B256 L2048: 491 against 507 us with the work item fastest).
+  // fetched from DRAM together (faster than the work item fastest: docs/perf/decode.md).
   const int group_size = int(p.num_qo_heads / p.num_kv_heads);
   const int head_chunks = group_size / shape.heads;
   const int q_len = int(p.q_len), q_chunks = (q_len + shape.queries - 1) / shape.queries;

@@ -121,9 +121,8 @@ struct Sm90KvBoxes {
 };
 
 // The most TMA boxes per 64-column chunk of a tile the automatic choice gives a paged cache whose
-// pages divide the tile (BLOCK_N / page_size); with more, it gathers. Measured on the H200, both
-// producers on one cache (docs/perf/prefill-sm90.md): 8 boxes (page 16 at head_dim 64 and 128)
-// 15 % slower than the gather; 4 boxes within 2 % either way; 2 boxes 5-14 % faster.
+// pages divide the tile (BLOCK_N / page_size); with more, it gathers: past 4 boxes the TMA producer
+// measured slower than the gather (docs/perf/prefill-sm90.md, "Gather producer").
 constexpr int kSm90MaxTmaBoxes = 4;
 
 // Named barriers (id 0 is __syncthreads'): consumer c's turn to issue GEMMs is barrier 1 + c
@@ -729,8 +728,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       // One CTA a unit: the hardware deals the CTAs out dynamically, in prefill_cta's order. A
       // persistent grid deals them statically (sm90_unit_index), which balances only over a list
       // sorted by work: all heads in one chunk, so the units run in the plan's order of items
-      // (most work first). prefill_cta's chunks of 4 heads measured 1497 against 940 us on single
-      // causal 8192 (each chunk restarts the long items, and the alternating rounds pair them).
+      // (most work first). prefill_cta's chunks of 4 heads measured far slower on long causal
+      // calls (each chunk restarts the long items; docs/perf/prefill-sm90.md, "Persistent grid").
       const PrefillCtaOrder order =
           gridDim.x < units ? PrefillCtaOrder(p, static_cast<int>(p.num_qo_heads)) : PrefillCtaOrder(p);
       uint32_t k = walk[0];
@@ -1209,11 +1208,9 @@ enum class Sm90Load { kAuto, kTma, kGather };
 // work units, sm90_unit_index, the next unit's Q and K/V loaded under the current one's last tiles
 // and epilogue) instead of prefill_sm90_kernel (one CTA a unit); docs/perf/prefill-sm90.md,
 // "Persistent grid". Everything at 256 keeps one CTA a unit (one Q buffer fits). The calls TMA
-// loads measured 5-19 % faster there. kSm90PersistentGather sends the gathered calls at head_dim
-// 64 too (889-890 against 1009-1043 us, 16 x 2048 page 16); at 128 they stay one CTA a unit:
-// spill-free since the producer has 56 registers, the persistent gather still measured 4-6 %
-// slower there on 16 x 2048 (1402 against 1344 us at page 16, 1440 against 1359 at page 1) and
-// equal on 4 x 2048, whose K/V fits in L2 ("Gathered calls on the persistent grid").
+// loads measured faster persistent. kSm90PersistentGather sends the gathered calls at head_dim 64
+// too, where they measured faster; at 128 they stay one CTA a unit, where the persistent gather
+// measured slower or equal ("Gathered calls on the persistent grid" has the figures).
 // Sm90Grid forces either kernel (the self-test's A/B timing).
 constexpr bool kSm90Persistent = true;
 constexpr bool kSm90PersistentGather = true;

@@ -272,7 +272,7 @@ struct SmallMShape {
 // [chunk][thread] in shared memory, conflict-free) and reads them back itself: no barrier except
 // the per-block reduction. (Register loads straight into the mma operands were scheduled by
 // ptxas one slice at a time, one slice in flight per thread; one block per CTA left the last
-// wave of CTAs part-empty: 2.7 TB/s at 28672 x 4096, docs/perf/gemm.md.)
+// wave of CTAs part-empty; docs/perf/gemm.md has the figures.)
 template <typename T, int MT, int R, int WK>
 __global__ void __launch_bounds__(WK * 32) gemm_small_m_kernel(const SmallMArgs p) {
   using Sh = SmallMShape<MT, R, WK>;

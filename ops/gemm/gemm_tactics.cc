@@ -328,7 +328,7 @@ std::vector<Tactic> grouped_gemm_tactics(const GroupedGemmParams& p, int arch) {
 //   kSm90     9.0 + sm_90a, TMA rules hold                     sm90_choice(): fewest tile waves
 //   kSm80     sm80+, 16-byte rows                              128 x 128 x 64, 3 stages
 //   kFallback otherwise
-// Measured basis (H200, device call 3, every tactic timed side by side): docs/perf/gemm.md.
+// Measured basis (every tactic timed side by side): docs/perf/gemm.md.
 namespace {
 
 // Small M: tile_m = the smallest of 8, 16, 32, 64 >= m; 32 weight rows a block and 8 warps for

@@ -132,8 +132,8 @@ def prefill_kernel(backend: str, device: torch.device, api: str, variant: str | 
     """The prefill binding's kernel for FlashInfer's backend names: "fa2" the mma.sync kernel (every
     family), "fa3" the sm90a kernel (wgmma + TMA, compute capability 9.0 only; its module is always
     built as 9.0a: BUILD.py declares sm90a), "auto" the faster of the two where measured: fa3 on
-    compute capability 9.0 (on the H200 causal 8192: 1.7x fa2; every shape of
-    benchmarks/prefill_backends.py: docs/perf/prefill.md), fa2 elsewhere. Calls the fa3 kernel
+    compute capability 9.0 (faster at every shape of benchmarks/prefill_backends.py:
+    docs/perf/prefill.md), fa2 elsewhere. Calls the fa3 kernel
     cannot tile (page sizes, strides) run fa2: docs/attention.md. `variant` names what only fa2
     computes (a custom mask, RoPE or ALiBi inside the kernel, as FlashInfer's fa3 has none): "auto"
     then runs fa2 and "fa3" is an error."""

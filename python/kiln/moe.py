@@ -60,14 +60,12 @@ _INDEX = (torch.int32, torch.int64)
 SCORINGS = ("softmax", "sigmoid")
 ACTIVATIONS = {"silu": silu_and_mul, "gelu": gelu_tanh_and_mul}
 # The layer's GEMM backends (kiln.grouped_mm's): "auto" is "cuda" until a measurement says
-# otherwise (docs/perf/gemm-triton.md: triton loses by 1.8-2.7x from 16384 rows, wins ~10% only
-# around 128 rows).
+# otherwise (docs/perf/gemm-triton.md: the triton grouped GEMM wins only in a narrow band).
 BACKENDS = ("auto", "cuda", "triton")
 BLOCK = 128  # fp8 block scales: 128 x 128 weights share one float32 scale (DeepSeek-V3)
 # The small-batch path (ops/moe/moe.cuh's expert kernels) runs for at most this many tokens when
-# the routed rows average at most 8 per expert; the grouped GEMMs otherwise (measured on the H200:
-# Mixtral-8x7B at T = 64, 16 rows an expert, ran 1.05 ms on the small-batch kernels, 0.77 ms on
-# the grouped GEMMs; docs/perf/moe.md). Shapes only: the choice never depends on the routing.
+# the routed rows average at most 8 per expert; the grouped GEMMs otherwise (past that the grouped
+# GEMMs measured faster: docs/perf/moe.md). Shapes only: the choice never depends on the routing.
 SMALL_BATCH_TOKENS = 64
 SMALL_BATCH_ROWS_PER_EXPERT = 8
 # The grouped path with fp8 e4m3 weights: True (default) runs kiln.group_gemm_fp8_nt_groupwise on
@@ -930,9 +928,9 @@ def fused_moe(
             ``kiln.grouped_mm(backend="triton")`` (the Triton kernel) at every batch size, never
             the decode-size CUDA expert kernels (so fp8 weights are dequantised per call at every
             size). ``"cuda"``: the CUDA grouped GEMMs, and the small-batch expert kernels where
-            they apply. ``"auto"`` (default): what measurement says, today ``"cuda"`` (on the
-            H200 the Triton grouped GEMM loses by 1.8-2.7x from 16384 rows and wins only around
-            128 rows, by ~10%: docs/perf/gemm-triton.md). CPU tensors run the host backend
+            they apply. ``"auto"`` (default): what measurement says, today ``"cuda"`` (the
+            Triton grouped GEMM is faster only in a narrow band of sizes:
+            docs/perf/gemm-triton.md). CPU tensors run the host backend
             whatever it says (with ``"triton"``, its grouped path at every size).
 
     The up and down projections are rounded to the hidden states' dtype (the GEMM outputs; at

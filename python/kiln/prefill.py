@@ -86,8 +86,8 @@ class _Fp8PageStaging:
     compact cache of the query's 16-bit dtype that the prefill kernels read, with the identity
     page table. E4M3 values are exact in f16 and bf16, so the staged cache holds the fp8 values
     themselves; k_scale folds into sm_scale and v_scale multiplies the output. Costs a gather and
-    a widening pass over the request's pages per call (about 5x the fp8 bytes of traffic: 1.22x
-    the bf16 cache's time at 16 x 2048 causal on the H200, docs/perf/decode-fp8.md); the buffers
+    a widening pass over the request's pages per call (about 5x the fp8 bytes of traffic; its
+    measured cost against a bf16 cache: docs/perf/decode-fp8.md); the buffers
     are the plan's, reused by every layer's run. The
     page ids are checked on the host against each cache before the gather reads through them."""
 
