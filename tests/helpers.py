@@ -193,3 +193,12 @@ def run_asan_python(code: str, env: dict | None = None, timeout: float = 600,
     if asan_runtime() is None:
         pytest.skip("the host compiler has no AddressSanitizer runtime (libasan.so)")
     return run_python(code, env={**asan_env(), **(env or {})}, timeout=timeout, check=check)
+
+
+def device_error_code(family: str, n: int) -> int:
+    """ops/common/device_error.h's error_code(family, n): FNV-1a of the family's name, 15 bits, in
+    bits 16..30, then n."""
+    h = 2166136261
+    for byte in family.encode():
+        h = ((h ^ byte) * 16777619) & 0xFFFFFFFF
+    return ((h & 0x7FFF) << 16) | n

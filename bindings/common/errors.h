@@ -20,8 +20,7 @@ namespace py = pybind11;
 
 // `errors`: the address of the device's error record (kiln/errors.py; 0 on the CPU). `pdl`: the
 // caller's resolved enable_pdl (kiln.utils.use_pdl: true only on sm90+), never set on the host.
-inline kiln::LaunchContext launch_context(const TensorView& t, uintptr_t stream, uintptr_t errors,
-                                          bool pdl = false) {
+inline kiln::LaunchContext launch_context(const TensorView& t, uintptr_t stream, uintptr_t errors, bool pdl = false) {
   const bool host = t.device.device_type == dl::kCPU || t.device.device_type == dl::kCUDAHost;
   return {reinterpret_cast<void*>(stream), host ? -1 : t.device.device_id,
           host ? nullptr : reinterpret_cast<int64_t*>(errors), pdl && !host};
@@ -34,9 +33,12 @@ inline void raise_if_failed(const kiln::Status& s, const char* uri) {
   throw std::runtime_error(message);
 }
 
+// Every table registered in this module (its family's, and those of the families it includes).
 inline void export_error_texts(py::module_& m) {
   py::dict texts;
-  for (const kiln::ErrorText& e : kiln::kErrorTexts) texts[py::int_(static_cast<int64_t>(e.code))] = e.text;
+  for (const kiln::ErrorTable* t = kiln::error_tables(); t != nullptr; t = t->next) {
+    for (size_t i = 0; i < t->size; ++i) texts[py::int_(t->texts[i].code)] = t->texts[i].text;
+  }
   m.attr("error_texts") = texts;
 }
 

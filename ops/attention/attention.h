@@ -31,6 +31,36 @@
 
 namespace kiln::attention {
 
+// Index errors of the attention family (ops/common/device_error.h): codes and messages.
+enum class ErrorCode : int64_t {
+  kPageSlot = error_code("attention", 1),          // indptr[b] + t / page_size points past kv_indices
+  kPageId = error_code("attention", 2),            // kv_indices[i] is not a page of the cache
+  kBatchIndex = error_code("attention", 3),        // batch_indices[i] is not a request of the batch
+  kPosition = error_code("attention", 4),          // positions[i] is past what the request's pages hold
+  kLastPageLen = error_code("attention", 5),       // kv_last_page_len[b] is outside [1, page_size]
+  kAppendIndptr = error_code("attention", 6),      // append_indptr does not cover [0, nnz) in order
+  kNegativePosition = error_code("attention", 7),  // seq_lens[b] is shorter than what request b appends
+};
+inline constexpr ErrorText kErrorTexts[] = {
+    {int64_t(ErrorCode::kPageSlot),
+     "the page table of request {position} points at kv_indices[{value}], past its {bound} entries "
+     "(kv_indptr does not match kv_indices)"},
+    {int64_t(ErrorCode::kPageId),
+     "kv_indices[{position}] = {value} is not a page of the cache: valid page ids are [0, {bound})"},
+    {int64_t(ErrorCode::kBatchIndex),
+     "batch_indices[{position}] = {value} is not a request of the batch: valid are [0, {bound})"},
+    {int64_t(ErrorCode::kPosition),
+     "positions[{position}] = {value} is not a position of its request: valid are [0, {bound}) (its pages "
+     "and kv_last_page_len)"},
+    {int64_t(ErrorCode::kLastPageLen), "kv_last_page_len[{position}] = {value} is outside [1, page_size = {bound}]"},
+    {int64_t(ErrorCode::kAppendIndptr),
+     "append_indptr must start at 0, never decrease and end at most at nnz = {bound}: token {position} lies "
+     "in no request"},
+    {int64_t(ErrorCode::kNegativePosition),
+     "seq_lens[{position}] = {value} is shorter than the {bound} token(s) request {position} appends"},
+};
+KILN_REGISTER_ERROR_TEXTS(kErrorTexts)
+
 // Kernels read page ids through load_page(): an entry of page_indices outside [0, num_indices)
 // is never read, and a page id outside [0, num_pages) is never used; such a token's work is
 // skipped and the first error recorded (ops/common/device_error.h). The sm90a prefill kernel's

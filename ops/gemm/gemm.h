@@ -51,6 +51,23 @@
 
 namespace kiln::gemm {
 
+// Index errors of the GEMM family (ops/common/device_error.h): codes and messages.
+enum class ErrorCode : int64_t {
+  kSegmentEnd = error_code("gemm", 1),    // a grouped GEMM's segment ends past the rows of its input
+  kSegmentStart = error_code("gemm", 2),  // a segment starts below 0 or after its own end
+  kWeightIndex = error_code("gemm", 3),   // weight_indices[s] is not a weight of the grouped GEMM
+};
+inline constexpr ErrorText kErrorTexts[] = {
+    {int64_t(ErrorCode::kSegmentEnd),
+     "segment {position} ends at row {value}, past the {bound} rows of the input: the segment bounds "
+     "(seg_indptr, seg_lens or offs) do not fit it"},
+    {int64_t(ErrorCode::kSegmentStart),
+     "segment {position} starts at row {value}, outside [0, {bound}] (0 to its own end): segment bounds "
+     "must start at 0 and never decrease"},
+    {int64_t(ErrorCode::kWeightIndex), "weight_indices[{position}] = {value} is not a weight: valid are [0, {bound})"},
+};
+KILN_REGISTER_ERROR_TEXTS(kErrorTexts)
+
 enum class DType : int32_t { kBF16, kF16, kF32, kE4M3, kE5M2 };
 
 inline const char* dtype_name(DType t) {

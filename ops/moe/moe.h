@@ -42,10 +42,34 @@
 #include <cstdint>
 
 #include "ops/activation/activation.h"
+#include "ops/common/device_error.h"
 #include "ops/common/macros.h"
 #include "ops/common/status.h"
 
 namespace kiln::moe {
+
+// Index errors of the MoE family (ops/common/device_error.h): codes and messages.
+enum class ErrorCode : int64_t {
+  kExpertId = error_code("moe", 1),      // topk_ids[i] is neither an expert nor -1
+  kSourceIndex = error_code("moe", 2),   // src_idx[r] is neither a flat index t * top_k + j nor -1
+  kSegmentEnd = error_code("moe", 3),    // an expert's rows end past the rows of the input
+  kSegmentStart = error_code("moe", 4),  // an expert's rows start below 0 or after their own end
+};
+inline constexpr ErrorText kErrorTexts[] = {
+    {int64_t(ErrorCode::kExpertId),
+     "topk_ids[{position}] (flat) = {value} is not an expert: valid are [0, {bound}), or -1 for a slot routed "
+     "to no expert of this rank"},
+    {int64_t(ErrorCode::kSourceIndex),
+     "src_idx[{position}] = {value} is not a flat index t * top_k + j: valid are [0, {bound}), or -1 for an "
+     "unused row"},
+    {int64_t(ErrorCode::kSegmentEnd),
+     "segment {position} ends at row {value}, past the {bound} rows of the input: the expert offsets "
+     "(offs) do not fit it"},
+    {int64_t(ErrorCode::kSegmentStart),
+     "segment {position} starts at row {value}, outside [0, {bound}] (0 to its own end): expert offsets "
+     "must start at 0 and never decrease"},
+};
+KILN_REGISTER_ERROR_TEXTS(kErrorTexts)
 
 enum class Scoring : int { kSoftmax = 0, kSigmoid = 1 };
 inline constexpr int kNumScorings = 2;

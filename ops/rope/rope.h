@@ -27,6 +27,20 @@
 
 namespace kiln::rope {
 
+// Index errors of the RoPE family (ops/common/device_error.h): codes and messages.
+enum class ErrorCode : int64_t {
+  kRopeIndptr = error_code("rope", 1),  // a RoPE token lies in no request of indptr
+  kCosSinRow = error_code("rope", 2),   // a position is not a row of cos_sin_cache
+};
+inline constexpr ErrorText kErrorTexts[] = {
+    {int64_t(ErrorCode::kRopeIndptr),
+     "token {position} lies in no request of indptr (which ends at {value}): indptr must start at 0, never "
+     "decrease and end at nnz = {bound}"},
+    {int64_t(ErrorCode::kCosSinRow),
+     "positions[{position}] = {value} is not a row of cos_sin_cache: valid are [0, {bound})"},
+};
+KILN_REGISTER_ERROR_TEXTS(kErrorTexts)
+
 // Where a token's position comes from.
 enum class PosMode : int {
   kIndptr = 0,  // request b holds tokens [indptr[b], indptr[b+1]); pos = offsets[b] + t - indptr[b]

@@ -42,6 +42,7 @@
 
 #include <cstdint>
 
+#include "ops/common/device_error.h"
 #include "ops/common/macros.h"
 #include "ops/common/status.h"
 
@@ -51,6 +52,19 @@
 #endif
 
 namespace kiln::sampling {
+
+// Index errors of the sampling family (ops/common/device_error.h): codes and messages.
+enum class ErrorCode : int64_t {
+  kSamplingIndex = error_code("sampling", 1),  // a sampler's indices[i] is not a row of its probs/logits
+  kDraftTokenId = error_code("sampling", 2),   // a draft token id of speculative sampling is not in the vocabulary
+};
+inline constexpr ErrorText kErrorTexts[] = {
+    {int64_t(ErrorCode::kSamplingIndex),
+     "indices[{position}] = {value} is not a row of the probabilities/logits: valid are [0, {bound})"},
+    {int64_t(ErrorCode::kDraftTokenId),
+     "draft_token_ids (flattened)[{position}] = {value} is not a token of the vocabulary: valid are [0, {bound})"},
+};
+KILN_REGISTER_ERROR_TEXTS(kErrorTexts)
 
 // What a row call produces.
 enum class Output : int { kSample = 0, kProbs = 1, kMaskedLogits = 2, kSoftmax = 3 };

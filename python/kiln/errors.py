@@ -71,11 +71,11 @@ def record_address(device: torch.device) -> int:
 
 
 def learn_texts(module) -> None:
-    """Keep the message table a module exports (every kiln module carries the same one)."""
-    if not _texts:
-        texts = getattr(module, "error_texts", None)
-        if texts:
-            _texts.update({int(k): str(v) for k, v in texts.items()})
+    """Keep the messages a module exports: its family's codes (ops/common/device_error.h), which
+    no other family's share, so the tables of every loaded module merge into one."""
+    texts = getattr(module, "error_texts", None)
+    if texts:
+        _texts.update({int(k): str(v) for k, v in texts.items()})
 
 
 def message(code: int, position: int, value: int, bound: int) -> str:
