@@ -9,6 +9,12 @@ made from those files, never typed by hand:
         --out tests/flashinfer/results/cpu.json
     python scripts/flashinfer_compat.py readme tests/flashinfer/results/*.json
 
+Each module's entry says which kiln commit ran it and how: `--sample N` (the run kept every N-th
+case, pytest's --sample) and `--stopped` (the run hit its time limit: the counts are the cases that
+finished). `merge` joins runs of one device, a later file's modules replacing an earlier's (a
+round of the modules a fix touched on top of a full one); the table's footnote says each
+module's run.
+
 A skip whose reason begins neither "kiln does not claim" (conftest.not_claimed) nor "FlashInfer's
 own test skips" (conftest.flashinfer_skips) is counted apart: the table shows it, so a skip that
 is not declared cannot hide.
@@ -48,7 +54,13 @@ def flashinfer_sources(module: str) -> list[str]:
     return sorted(set(_SOURCE.findall(head)))
 
 
-def summarise(junit: Path, device: str) -> dict:
+def _head() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=REPO).stdout.strip()
+
+
+def summarise(junit: Path, device: str, sample: int = 1, stopped: bool = False,
+              commit: str | None = None) -> dict:
     modules: dict[str, dict] = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
         module = _module_of(case.get("classname", ""))
@@ -69,11 +81,28 @@ def summarise(junit: Path, device: str) -> dict:
                 m["failures"].append(case.get("name"))
         else:
             m["passed"] += 1
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=REPO).stdout.strip()
+    run = {"kiln_commit": commit or _head(), "sample": sample, "stopped": stopped}
     for name, m in modules.items():
         m["flashinfer_files"] = flashinfer_sources(name)
-    return {"device": device, "kiln_commit": commit, "modules": dict(sorted(modules.items()))}
+        m["run"] = run
+    return {"device": device, "modules": dict(sorted(modules.items()))}
+
+
+def merge(summaries: list[dict]) -> dict:
+    """One device's summaries as one: each module as the last summary that has it ran it."""
+    devices = {s["device"] for s in summaries}
+    if len(devices) != 1:
+        raise SystemExit(f"merge joins runs of one device, got {sorted(devices)}")
+    modules: dict[str, dict] = {}
+    for s in summaries:
+        modules.update(s["modules"])
+    return {"device": devices.pop(), "modules": dict(sorted(modules.items()))}
+
+
+def _describe(run: dict) -> str:
+    how = "every case" if run["sample"] == 1 else f"every {run['sample']}th case"
+    stopped = ", stopped at its time limit (the cases that finished)" if run["stopped"] else ""
+    return f"{how} at {run['kiln_commit']}{stopped}"
 
 
 def _cell(m: dict | None) -> str:
@@ -108,8 +137,14 @@ def table(summaries: list[dict]) -> str:
         lines.append(f"| {', '.join(f'`{s}`' for s in sources) or '-'} | "
                      f"[{name}.py](tests/flashinfer/{name}.py) | "
                      + " | ".join(_cell(m) for m in per) + f" | {skips or '-'} |")
-    commits = ", ".join(f"{s['device']} at {s['kiln_commit']}" for s in summaries)
-    return "\n".join(lines) + f"\n\nCounts per case (a parametrisation); runs: {commits}.\n"
+    runs = []
+    for s in summaries:
+        groups: dict[str, list[str]] = {}
+        for name, m in s["modules"].items():
+            groups.setdefault(_describe(m["run"]), []).append(name.removeprefix("test_"))
+        parts = [f"{how} ({', '.join(names)})" if len(groups) > 1 else how for how, names in groups.items()]
+        runs.append(f"{s['device']}: " + "; ".join(parts))
+    return "\n".join(lines) + "\n\nCounts per case (a parametrisation). Runs: " + ". ".join(runs) + ".\n"
 
 
 def write_readme(summaries: list[dict], paths: list[Path]) -> None:
@@ -131,15 +166,25 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("junit", type=Path)
     s.add_argument("--device", required=True, help="the column's name: cpu, h200, ...")
     s.add_argument("--out", type=Path, required=True)
+    s.add_argument("--sample", type=int, default=1, help="the run kept every N-th case (pytest --sample N)")
+    s.add_argument("--stopped", action="store_true", help="the run stopped at its time limit")
+    s.add_argument("--commit", help="the kiln commit that ran (default: this checkout's HEAD)")
+    g = sub.add_parser("merge", help="one device's summaries as one, later files' modules first")
+    g.add_argument("summaries", type=Path, nargs="+")
+    g.add_argument("--out", type=Path, required=True)
     r = sub.add_parser("readme", help="rewrite README.md's FlashInfer table from JSON summaries")
     r.add_argument("summaries", type=Path, nargs="+")
     args = parser.parse_args(argv)
     if args.cmd == "summarise":
-        summary = summarise(args.junit, args.device)
+        summary = summarise(args.junit, args.device, args.sample, args.stopped, args.commit)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
         for name, m in summary["modules"].items():
             print(f"{name}: {m['passed']} passed, {m['failed']} failed, {m['skipped']} skipped")
+        return 0
+    if args.cmd == "merge":
+        merged = merge([json.loads(p.read_text()) for p in args.summaries])
+        args.out.write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
         return 0
     paths = [p.resolve() for p in args.summaries]
     write_readme([json.loads(p.read_text()) for p in paths], paths)

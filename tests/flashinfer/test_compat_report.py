@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
 from helpers import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -37,8 +38,27 @@ def test_summary_counts_each_outcome_and_keeps_undeclared_skips_apart(tmp_path):
                                 "FlashInfer's own test skips qo_len > kv_len with causal": 1}
     assert m["other_skips"] == {"needs more memory": 1}
     assert m["failures"] == ["test_norm[cuda-2]"]
+    assert m["run"] == {"kiln_commit": flashinfer_compat._head(), "sample": 1, "stopped": False}
     row = flashinfer_compat.table([summary]).splitlines()[2]
     assert "1 / 2 (**1 fail**), 1 other skips" in row and "the cute-dsl backend (1)" in row
+
+
+def test_a_later_run_replaces_the_modules_it_ran_and_the_footnote_says_which_run_is_which(tmp_path):
+    junit = tmp_path / "run.xml"
+    junit.write_text(JUNIT)
+    full = flashinfer_compat.summarise(junit, "h200", sample=5, stopped=True, commit="aaa1111")
+    full["modules"]["test_rope"] = json.loads(json.dumps(full["modules"]["test_norm"]))
+    again = flashinfer_compat.summarise(junit, "h200", sample=10, commit="bbb2222")
+    merged = flashinfer_compat.merge([full, again])
+    assert merged["modules"]["test_norm"]["run"]["kiln_commit"] == "bbb2222"
+    assert merged["modules"]["test_rope"]["run"]["kiln_commit"] == "aaa1111"
+    footnote = flashinfer_compat.table([merged]).rstrip().splitlines()[-1]
+    assert footnote.endswith(
+        "Runs: h200: every 10th case at bbb2222 (norm); every 5th case at aaa1111, stopped at its "
+        "time limit (the cases that finished) (rope).")
+    cpu = flashinfer_compat.summarise(junit, "cpu", commit="ccc3333")
+    with pytest.raises(SystemExit, match="one device"):
+        flashinfer_compat.merge([full, cpu])
 
 
 def test_the_skip_prefixes_are_the_ones_the_recreated_tests_use():
