@@ -7,14 +7,20 @@
 # kernels (wgmma, TMA) need sm_90a: every target declares sm90a, so a 9.0 GPU builds 9.0a; sm80,
 # sm100 and sm120 run the mma.sync, small-M and fallback kernels (fp8: the fallback kernel).
 ARCHS = ["sm80", "sm90a", "sm100", "sm120"]
-SHARED = ["gemm_device.cu", "gemm_tactics.cc"]  # device arch, timestamps; tactics and their rules
-HOST = ["gemm_host.cc", "gemm_tactics.cc"]
+
+source_library(
+    name="shared",
+    doc="what every GEMM module compiles: the device arch and timestamps, the tactics and their rules",
+    srcs=["gemm_device.cu", "gemm_tactics.cc"],
+    host_srcs=["gemm_tactics.cc"],
+)
 
 op_library(
     name="mm",
     doc="dense 16-bit GEMM, mm and batched: mm_bf16, bmm_bf16",
-    srcs=["gemm_cuda.cu", "mm_sm90_kmajor.cu", "mm_sm90_nmajor.cu", "mm_sm80.cu", "mm_small_m.cu", *SHARED],
-    host_srcs=HOST,
+    srcs=["gemm_cuda.cu", "mm_sm90_kmajor.cu", "mm_sm90_nmajor.cu", "mm_sm80.cu", "mm_small_m.cu"],
+    host_srcs=["gemm_host.cc"],
+    deps=[":shared"],
     binding="bindings/gemm/mm.cc",
     dispatch={"dtype": ["bf16", "f16"]},
     archs=ARCHS,
@@ -25,8 +31,9 @@ op_library(
     name="fp8",
     doc="fp8 GEMM, per-tensor and groupwise (1 x 128 x 128) scales: bmm_fp8, gemm_fp8_nt_groupwise, "
     "gemm_fp8_nt_blockscaled",
-    srcs=["gemm_cuda.cu", "fp8_sm90_tensor.cu", "fp8_sm90_group.cu", "fp8_fallback.cu", *SHARED],
-    host_srcs=HOST,
+    srcs=["gemm_cuda.cu", "fp8_sm90_tensor.cu", "fp8_sm90_group.cu", "fp8_fallback.cu"],
+    host_srcs=["gemm_host.cc"],
+    deps=[":shared"],
     binding="bindings/gemm/fp8.cc",
     dispatch={"dtype": ["e4m3", "e5m2"]},  # A's dtype; B is e4m3 (the sm90 kernels) or e5m2
     archs=ARCHS,
@@ -71,8 +78,9 @@ _GROUPED_FAST = [
 op_library(
     name="grouped",
     doc="grouped (segment) GEMM for MoE and LoRA: SegmentGEMMWrapper, grouped_mm",
-    srcs=["grouped_cuda.cu", "grouped_sm90.cu", *SHARED],
-    host_srcs=HOST,
+    srcs=["grouped_cuda.cu", "grouped_sm90.cu"],
+    host_srcs=["gemm_host.cc"],
+    deps=[":shared"],
     triton_srcs=["grouped_triton.py"],
     triton_kernels=[
         triton_kernel("grouped_mm_kernel", unit="grouped_triton.py", signature=_GROUPED_SIGNATURE,
@@ -96,8 +104,9 @@ op_library(
 op_library(
     name="fp8_grouped",
     doc="grouped fp8 GEMM with groupwise (1 x 128 x 128) scales per weight: group_gemm_fp8_nt_groupwise",
-    srcs=["grouped_cuda.cu", "fp8_grouped_sm90.cu", *SHARED],
-    host_srcs=HOST,
+    srcs=["grouped_cuda.cu", "fp8_grouped_sm90.cu"],
+    host_srcs=["gemm_host.cc"],
+    deps=[":shared"],
     binding="bindings/gemm/fp8_grouped.cc",
     dispatch={"dtype": ["e4m3"]},
     archs=ARCHS,

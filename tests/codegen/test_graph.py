@@ -128,6 +128,43 @@ def test_invalid_build_files_are_rejected_with_the_file_named(tmp_path, build, m
     assert "BUILD.py" in str(e.value)
 
 
+LIBS = {
+    "gemm": """
+source_library(name="shared", srcs=["dev.cu", "rules.cc"], host_srcs=["rules.cc"], doc="shared units")
+op_library(name="mm", srcs=["mm.cu", "dev.cu"], host_srcs=["mm.cc"], binding="bindings/mm.cc",
+           deps=[":shared", "//ops/common:util"], archs=["sm80"])
+op_library(name="host_only", host_srcs=["h.cc"], binding="bindings/h.cc", deps=[":shared"],
+           archs=["sm80"])
+""",
+    "common": 'source_library(name="util", host_srcs=["util.cc"])',
+}
+
+
+def test_deps_append_a_source_librarys_units_once_each_in_its_order(tmp_path):
+    graph = make_tree(tmp_path, LIBS)
+    mm = graph.target("//ops/gemm:mm")
+    assert mm.deps == (":shared", "//ops/common:util")
+    assert mm.srcs == ("mm.cu", "dev.cu", "rules.cc")  # dev.cu listed by the target already
+    assert mm.host_srcs == ("mm.cc", "rules.cc", "../common/util.cc")  # from another package
+    # a library's CUDA units give a host-only target the CUDA toolchain too
+    assert graph.target("//ops/gemm:host_only").toolchains == ("cuda", "host")
+    assert [lib.label for lib in graph.libraries] == ["//ops/common:util", "//ops/gemm:shared"]
+
+
+@pytest.mark.parametrize("build,match", [
+    ('op_library(name="x", host_srcs=["x.cc"], binding="b.cc", deps=[":nope"])',
+     r"depends on ':nope', which is no source_library \(declared: //ops/x:cuda, //ops/x:lib\)"),
+    ('op_library(name="x", host_srcs=["x.cc"], binding="b.cc", deps=":lib")', "deps= takes a list"),
+    ('op_library(name="x", host_srcs=["x.cc"], binding="b.cc", deps=[":cuda"])', "must declare archs"),
+    ('source_library(name="empty")', "needs srcs"),
+    ('op_library(name="lib", host_srcs=["x.cc"], binding="b.cc")', "declared twice"),
+])
+def test_invalid_source_libraries_and_deps_are_rejected(tmp_path, build, match):
+    libs = 'source_library(name="lib", host_srcs=["l.cc"])\nsource_library(name="cuda", srcs=["c.cu"])\n'
+    with pytest.raises(BuildFileError, match=match):
+        make_tree(tmp_path, {"x": libs + build})
+
+
 def test_duplicate_labels_are_rejected(tmp_path):
     dup = 'op_library(name="x", host_srcs=["x.cc"], binding="b.cc")'
     with pytest.raises(BuildFileError, match="declared twice"):

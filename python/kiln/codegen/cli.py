@@ -116,6 +116,8 @@ def cmd_query(args) -> int:
         print(f"  build file     {t.build_file.relative_to(graph.root)}")
         print(f"  toolchains     {', '.join(t.toolchains)}")
         print(f"  arch families  {fams}")
+        if t.deps:
+            print(f"  deps           {', '.join(t.deps)} (source libraries: their units are compiled in)")
         for k in t.triton_kernels:
             consts = ", ".join(f"{a}={v}" for a, v in k.constexprs)
             print(f"  triton kernel  {k.name or k.entry} ({t.package}/{k.unit}: {k.entry}; {consts}; "

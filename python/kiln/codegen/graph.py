@@ -23,12 +23,15 @@ from kiln.runtime import sources
 from .rules import (
     BuildFileError,
     Group,
+    SourceLibrary,
     Target,
     make_group,
+    make_library,
     make_target,
     no_release,
     triton_kernel,
     unsupported,
+    with_deps,
 )
 
 
@@ -42,6 +45,7 @@ class Graph:
     workspace: dict
     targets: tuple[Target, ...]
     groups: tuple[Group, ...] = ()
+    libraries: tuple[SourceLibrary, ...] = ()  # source_library(...): units targets take by deps
 
     def labels(self) -> list[str]:
         return [t.label for t in self.targets]
@@ -132,6 +136,7 @@ def _load_graph(root: Path) -> Graph:
     ws = load_workspace(root)
     targets: list[Target] = []
     groups: list[Group] = []
+    libraries: list[SourceLibrary] = []
     for build_root in ws.get("BUILD_ROOTS", ()):
         for build_file in sorted((root / build_root).rglob("BUILD.py")):
             package = build_file.parent.relative_to(root).as_posix()
@@ -143,16 +148,22 @@ def _load_graph(root: Path) -> Graph:
             def op_group(_where=where, **kwargs):
                 groups.append(make_group(*_where, **kwargs))
 
+            def source_library(_where=where, **kwargs):
+                libraries.append(make_library(*_where, **kwargs))
+
             _exec_file(build_file, {"op_library": op_library, "op_group": op_group,
+                                    "source_library": source_library,
                                     "unsupported": unsupported, "no_release": no_release,
                                     "triton_kernel": triton_kernel,
                                     "__file__": str(build_file)})
     seen: dict[str, Path] = {}
-    for t in (*targets, *groups):
-        for label in {t.label, t.full_label}:
+    for t in (*targets, *groups, *libraries):
+        for label in {t.label, getattr(t, "full_label", t.label)}:
             if label in seen:
                 raise BuildFileError(f"{label} is declared twice: in {seen[label]} and {t.build_file}")
             seen[label] = t.build_file
+    by_label = {lib.label: lib for lib in libraries}
+    targets = [with_deps(t, by_label) for t in targets]
     for t in targets:
         unknown = [a.rstrip("a") for a in t.archs if a.rstrip("a") not in ws["ARCH_FAMILIES"]]
         if unknown:
@@ -160,7 +171,7 @@ def _load_graph(root: Path) -> Graph:
                 f"{t.build_file}: {t.label} names unknown arch families {unknown}; WORKSPACE.py "
                 f"declares {sorted(ws['ARCH_FAMILIES'])}"
             )
-    graph = Graph(root, ws, tuple(targets), tuple(groups))
+    graph = Graph(root, ws, tuple(targets), tuple(groups), tuple(libraries))
     uris: dict[str, str] = {}
     for t in targets:
         if uris.setdefault(t.uri_prefix, t.label) != t.label:

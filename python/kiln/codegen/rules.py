@@ -15,12 +15,19 @@
             signature={"a": "*{dtype}", "m": "i32", "BLOCK_M": "constexpr"},  # {axis}: its
             constexprs={"BLOCK_M": 64}, num_warps=4, num_stages=3)],  # triton spelling (WORKSPACE)
         cflags=[], cuda_flags=[], ldflags=[],
+        deps=[":shared"],                 # source_library units compiled into every module
         release="all",                    # which specialisations ship precompiled: "all",
                                           # {"dtype": ["bf16"]} (a selection), or
                                           # no_release("why none ships")
         doc="one line: what the target provides",
     )
     op_group(name="attention", targets=[":decode", ":prefill"], doc="...")   # builds its members
+    source_library(name="shared", srcs=["gemm_device.cu"], host_srcs=["gemm_tactics.cc"],
+                   doc="...")         # units several targets compile; a target names it in deps=
+
+A source library compiles nothing by itself: a target that names it in `deps` (":shared" in the
+same package, "//ops/gemm:shared" from another) gets its CUDA and host units after its own, in
+the library's order, once each; the library is the one place those units are listed.
 
 A target's label is //<package>:<name>, its package the BUILD file's directory below the source
 root (//ops/attention:decode); a target named after its package is also //<root>:<name>, the
@@ -30,8 +37,9 @@ name, prefixed by the package's name when they differ (attention_decode_dtype_bf
 
 from __future__ import annotations
 
+import posixpath
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -125,6 +133,7 @@ class Target:
     toolchains: tuple[str, ...] = field(default=())
     triton_srcs: tuple[str, ...] = ()
     triton_kernels: tuple[TritonKernelDecl, ...] = ()
+    deps: tuple[str, ...] = ()  # source_library labels as written; their units are in srcs
     # The specialisations precompiled packages ship: None = not declared, () = all, a NoRelease
     # = none on purpose, otherwise the selection per axis (axes not named: every value).
     release: tuple[tuple[str, tuple[str, ...]], ...] | NoRelease | None = None
@@ -190,8 +199,10 @@ def make_target(build_file: Path, root: str, package: str, *, name: str, binding
                 host_srcs=(),
                 dispatch=None, exclude=(), archs=(), templates=(), cflags=(), cuda_flags=(),
                 ldflags=(), include_dirs=(), release=None, doc: str = "", triton_srcs=(),
-                triton_kernels=()) -> Target:
+                triton_kernels=(), deps=()) -> Target:
     where = f"{build_file}: op_library(name={name!r})"
+    if isinstance(deps, str) or not all(isinstance(d, str) and d for d in deps):
+        raise BuildFileError(f"{where}: deps= takes a list of source_library labels (':shared')")
     if not _NAME.match(name):
         raise BuildFileError(f"{where}: name must match {_NAME.pattern}")
     axes = []
@@ -208,7 +219,7 @@ def make_target(build_file: Path, root: str, package: str, *, name: str, binding
         axes.append((axis, vals))
     toolchains = tuple(t for t, units in (("cuda", srcs), ("host", host_srcs),
                                           ("triton", triton_srcs)) if units)
-    if not toolchains:
+    if not toolchains and not deps:
         raise BuildFileError(f"{where}: needs srcs (CUDA) or host_srcs (CPU backend), or both")
     if (srcs or triton_srcs) and not archs:
         raise BuildFileError(f"{where}: a target with CUDA or triton srcs must declare "
@@ -235,8 +246,60 @@ def make_target(build_file: Path, root: str, package: str, *, name: str, binding
         binding=binding, dispatch=tuple(axes), exclude=tuple(exclude), archs=tuple(archs),
         templates=tuple(templates), cflags=tuple(cflags), cuda_flags=tuple(cuda_flags),
         ldflags=tuple(ldflags), include_dirs=tuple(include_dirs), doc=doc, toolchains=toolchains,
-        triton_srcs=tuple(triton_srcs), triton_kernels=tuple(triton_kernels),
+        triton_srcs=tuple(triton_srcs), triton_kernels=tuple(triton_kernels), deps=tuple(deps),
     )
+
+
+@dataclass(frozen=True)
+class SourceLibrary:
+    """`source_library(name=..., srcs=[...], host_srcs=[...])`: compile units that several targets
+    share, listed once; each target naming it in `deps` compiles them into its own modules."""
+
+    name: str
+    package: str
+    build_file: Path
+    srcs: tuple[str, ...]
+    host_srcs: tuple[str, ...]
+    doc: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"//{self.package}:{self.name}"
+
+
+def make_library(build_file: Path, root: str, package: str, *, name: str, srcs=(), host_srcs=(),
+                 doc: str = "") -> SourceLibrary:
+    where = f"{build_file}: source_library(name={name!r})"
+    if not _NAME.match(name):
+        raise BuildFileError(f"{where}: name must match {_NAME.pattern}")
+    if not srcs and not host_srcs:
+        raise BuildFileError(f"{where}: needs srcs (CUDA) or host_srcs (CPU backend)")
+    return SourceLibrary(name, package, build_file, tuple(srcs), tuple(host_srcs), doc)
+
+
+def with_deps(target: Target, libraries: dict[str, SourceLibrary]) -> Target:
+    """`target` with the units of the libraries its deps name appended (paths from its package)."""
+    if not target.deps:
+        return target
+    srcs, host_srcs = list(target.srcs), list(target.host_srcs)
+    for dep in target.deps:
+        label = f"//{target.package}{dep}" if dep.startswith(":") else dep
+        lib = libraries.get(label)
+        if lib is None:
+            known = ", ".join(sorted(libraries)) or "none"
+            raise BuildFileError(f"{target.build_file}: op_library(name={target.name!r}) depends on {dep!r}, "
+                                 f"which is no source_library (declared: {known})")
+        for own, theirs in ((srcs, lib.srcs), (host_srcs, lib.host_srcs)):
+            for unit in theirs:
+                rel = posixpath.relpath(f"{lib.package}/{unit}", target.package)
+                if rel not in own:
+                    own.append(rel)
+    if srcs and not target.archs:
+        raise BuildFileError(f"{target.build_file}: op_library(name={target.name!r}) gets CUDA srcs from its "
+                             "deps and must declare archs=[families]")
+    toolchains = tuple(t for t, units in (("cuda", srcs), ("host", host_srcs),
+                                          ("triton", target.triton_srcs)) if units)
+    return replace(target, srcs=tuple(srcs), host_srcs=tuple(host_srcs), toolchains=toolchains)
 
 
 @dataclass(frozen=True)
