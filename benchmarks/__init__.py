@@ -23,6 +23,7 @@ compile_time.py cold compile / warm load of a module (a script, run by scripts/g
 compile_modules.py  cold compile of each module of a label, for one source tree or another
 cache_verification.py  what verifying a cached module costs on the warm path
 bounds_overhead.py  decode and prefill timed for one source tree (the index checks' cost)
+host_overhead.py    per-call host cost of small ops against torch's eager op (CI guards the ratio on CPU)
 gemm_tactics.py every GEMM tactic timed at a shape beside the default and cuBLAS (the heuristic's basis)
 docs/benchmarks.md explains the fields and how to add a routine.
 """

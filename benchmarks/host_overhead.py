@@ -1,0 +1,135 @@
+"""Host overhead per call of kiln's small ops against torch's eager equivalent on the same tensors.
+
+    python benchmarks/host_overhead.py [--device cuda|cpu] [--calls 2000] [--reps 7] [--out o.jsonl]
+
+Each op runs on tensors so small (one row of --hidden values) that the device finishes each
+kernel long before the host issues the next: the wall time of N back-to-back calls (on CUDA one
+torch.cuda.synchronize() after them), divided by N, is the caller's cost per call, its Python
+path included. kiln's and torch's per-call times and their ratio are reported, the minimum of
+--reps repetitions (the least disturbed one; the spread is reported too). Each pair passes a
+reference check first (kiln's output against torch's, the op's tolerance).
+
+On CPU tensors both sides also run their (tiny) host kernels, so the ratio there bounds the
+Python path kiln adds, not the GPU launch; tests/harness/test_host_overhead.py uses it as CI's
+guard (a ratio, not an absolute time, so it holds on any machine). On CUDA the same run measures
+what a serving loop pays per launch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+import kiln
+
+
+@dataclass
+class Overhead:
+    op: str
+    shape: str
+    device: str
+    kiln_us: float  # per call, the best repetition
+    torch_us: float
+    ratio: float  # kiln_us / torch_us
+    kiln_spread_us: tuple[float, float]  # (best, worst) repetition
+    torch_spread_us: tuple[float, float]
+    calls: int
+    reps: int
+    reference_check: str  # "passed"
+
+
+def _cases(device: torch.device, n: int) -> dict[str, tuple[str, Callable, Callable, float | None]]:
+    """op -> (shape, kiln call, torch call, tolerance or None); each call returns its output."""
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(device)
+
+    x, w, r = rand(1, n), rand(n), rand(1, n)
+    gate = rand(1, 2 * n)
+    logits = rand(1, n)
+    xr, rr = x.clone(), r.clone()
+
+    def kiln_fused():
+        kiln.fused_add_rmsnorm(xr, rr, w, 1e-6)
+        return rr
+
+    def torch_fused():
+        rr.add_(xr)
+        return F.rms_norm(rr, (n,), w, 1e-6)
+
+    return {
+        "rmsnorm": (f"1 x {n}", lambda: kiln.rmsnorm(x, w, 1e-6), lambda: F.rms_norm(x, (n,), w, 1e-6), 1e-4),
+        "fused_add_rmsnorm": (f"1 x {n}", kiln_fused, torch_fused, None),
+        "silu_and_mul": (f"1 x 2 x {n}", lambda: kiln.silu_and_mul(gate),
+                         lambda: F.silu(gate[..., :n]) * gate[..., n:], 1e-5),
+        "softmax": (f"1 x {n}", lambda: kiln.softmax(logits), lambda: torch.softmax(logits, -1), 1e-6),
+    }
+
+
+def _per_call_us(fn: Callable, calls: int, reps: int, device: torch.device) -> list[float]:
+    cuda = device.type == "cuda"
+    fn()  # the module is loaded (and compiled, if it must be) before any timing
+    out = []
+    for _ in range(reps):
+        if cuda:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if cuda:
+            torch.cuda.synchronize(device)
+        out.append((time.perf_counter() - t0) / calls * 1e6)
+    return out
+
+
+def measure(device: str = "cpu", calls: int = 2000, reps: int = 7, ops: list[str] | None = None,
+            hidden: int = 4096) -> list[Overhead]:
+    dev = torch.device(device)
+    results = []
+    with torch.inference_mode():
+        for op, (shape, kiln_call, torch_call, tol) in _cases(dev, hidden).items():
+            if ops and op not in ops:
+                continue
+            if tol is not None:  # fused_add_rmsnorm mutates its inputs: checked by its own tests
+                torch.testing.assert_close(kiln_call(), torch_call(), rtol=tol, atol=tol)
+            k = _per_call_us(kiln_call, calls, reps, dev)
+            t = _per_call_us(torch_call, calls, reps, dev)
+            check = "passed" if tol is not None else "own tests"
+            results.append(Overhead(op, shape, str(dev), min(k), min(t), min(k) / min(t), (min(k), max(k)),
+                                    (min(t), max(t)), calls, reps, check))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--ops", help="comma-separated subset")
+    parser.add_argument("--hidden", type=int, default=4096, help="the row's length (64 on CPU keeps the host "
+                        "kernels' own work out of the ratio)")
+    parser.add_argument("--out", help="append one JSON line per op")
+    args = parser.parse_args(argv)
+    results = measure(args.device, args.calls, args.reps, args.ops.split(",") if args.ops else None,
+                      args.hidden)
+    print(f"{'op':<20}{'shape':<12}{'kiln us':>10}{'torch us':>10}{'ratio':>8}  (best of {args.reps} x "
+          f"{args.calls} calls, {args.device}, torch {torch.__version__})")
+    for r in results:
+        print(f"{r.op:<20}{r.shape:<12}{r.kiln_us:>10.2f}{r.torch_us:>10.2f}{r.ratio:>8.2f}")
+    if args.out:
+        with open(args.out, "a") as f:
+            for r in results:
+                f.write(json.dumps({**asdict(r), "torch": torch.__version__}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""CI's guard on the Python call path (benchmarks/host_overhead.py): on CPU tensors of one 64-value
+row, kiln's per-call time stays within a ratio of torch's eager equivalent on the same machine, so
+a regression of the path every call takes (argument checks, module lookup, DLPack, dispatch)
+fails here rather than in a later GPU round. A ratio, not an absolute time: it holds on any
+machine. The bounds leave room above what this machine measures (rmsnorm ~0.7x, fused_add_rmsnorm
+~0.5x, silu_and_mul ~1.6-2.2x torch's two-op expression); 8 µs more on rmsnorm's path measured
+1.53x."""
+
+from __future__ import annotations
+
+from benchmarks.host_overhead import measure
+
+BOUNDS = {"rmsnorm": 1.25, "fused_add_rmsnorm": 1.0, "silu_and_mul": 3.0}
+
+
+def test_the_python_call_path_stays_within_a_ratio_of_torch():
+    def over(results):
+        return {r.op: round(r.ratio, 2) for r in results if r.ratio > BOUNDS[r.op]}
+
+    first = over(measure("cpu", calls=1000, reps=5, ops=list(BOUNDS), hidden=64))
+    # what exceeded once is measured again (a shared CI machine's noise): the better of two counts
+    again = over(measure("cpu", calls=1000, reps=5, ops=list(first), hidden=64)) if first else {}
+    assert again == {}, f"kiln / torch per-call time above the bounds {BOUNDS}: {again} (first run {first})"
