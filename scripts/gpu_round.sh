@@ -16,6 +16,7 @@
 # GRAPH_ROUTINES (default all) likewise for --cuda-graph. DEADLINE (s after the start, default
 # none) stops each benchmark run there; its JSON lines keep every result that finished.
 # SKIP_RENDER=1 leaves results.md / results.png to be made from the JSON lines elsewhere.
+# SKIP_HOST_OVERHEAD=1 leaves out the per-call host cost (benchmarks/host_overhead.py).
 #
 # COMPILE_TABLE=1: cold compile of one specialisation of every attention module with -j (the cores),
 # for this tree and for .baseline/ (an older tree carried in .baseline, if present), into
@@ -151,6 +152,12 @@ if [ -n "${OVERHEAD:-}" ] && [ -d .baseline/ops ]; then
         timeout 240 python3 benchmarks/bounds_overhead.py --root "$tree" --out "$OUT/overhead.jsonl" 2>&1 | tail -n 2
     done
   done
+fi
+
+if [ -z "${SKIP_HOST_OVERHEAD:-}" ]; then
+  # Per-call host cost of the small ops beside torch's eager op (docs/perf/host-overhead.md).
+  step "host overhead: benchmarks/host_overhead.py --device cuda"
+  timeout 120 python3 benchmarks/host_overhead.py --device cuda --out "$OUT/host_overhead.jsonl" 2>&1 | tail -n 6
 fi
 
 if [ -n "$warm_pid" ]; then
