@@ -62,6 +62,7 @@ def test_public_names_load_on_first_use():
         "f = kiln.rmsnorm\n"
         "assert 'kiln.norm' in sys.modules and kiln.rmsnorm is f\n"
         "assert 'rmsnorm' in dir(kiln) and set(kiln.__all__) <= set(dir(kiln))\n"
+        "assert not {'annotations', 'importlib'} & set(dir(kiln)), dir(kiln)\n"
         "try:\n    kiln.no_such_op\nexcept AttributeError as e:\n    print(e)\n").stdout
     assert "module 'kiln' has no attribute 'no_such_op'" in out
 

@@ -11,9 +11,7 @@ time it is used (module __getattr__), so `import kiln.runtime` and `import kiln.
 and the build graph, which know no framework) never load torch or the public API.
 """
 
-from __future__ import annotations
-
-import importlib
+import importlib as _importlib  # (a private name: dir(kiln) lists the API, not this module's imports)
 
 # The public API: module (python/kiln/<module>.py) -> the names it exports. A new op family adds
 # one line here.
@@ -71,11 +69,11 @@ __all__ = ["__version__", *_OWNER, *_SUBMODULES]
 def __getattr__(name: str):
     module = _OWNER.get(name)
     if module is not None:
-        value = getattr(importlib.import_module(f"kiln.{module}"), name)
+        value = getattr(_importlib.import_module(f"kiln.{module}"), name)
         globals()[name] = value  # later lookups are plain attribute reads
         return value
     if name in _SUBMODULES or name in _API:  # kiln.decode.BatchDecode..., as FlashInfer's users write
-        return importlib.import_module(f"kiln.{name}")
+        return _importlib.import_module(f"kiln.{name}")
     if name == "__version__":  # version.txt, read on first access
         from kiln.runtime.sources import kiln_version
 
@@ -91,4 +89,4 @@ def load_api() -> None:
     """Import every public API module now (their torch custom ops, trace templates and logged APIs
     register on import); kiln does this lazily otherwise."""
     for module in _API:
-        importlib.import_module(f"kiln.{module}")
+        _importlib.import_module(f"kiln.{module}")
