@@ -31,15 +31,19 @@ def get_compute_capability(device: torch.device | int | str | None = None) -> tu
 
 
 @functools.cache
-def _cc_of_index(index: int) -> tuple[int, int]:
+def _cc_of_index(index: int) -> tuple[int, int] | None:
+    if not torch.cuda.is_available():
+        return None  # no CUDA runtime: a "cuda" device here is a fake tensor's (torch.compile tracing)
     return torch.cuda.get_device_capability(index)
 
 
 def _cuda_cc(device: torch.device) -> tuple[int, int] | None:
     """The compute capability of a CUDA device, None for any other device (cached per index)."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return None  # no CUDA runtime: a "cuda" device here is a fake tensor's (torch.compile tracing)
-    return _cc_of_index(device.index if device.index is not None else torch.cuda.current_device())
+    if device.type != "cuda":
+        return None
+    if device.index is not None:  # a tensor's device always has its index
+        return _cc_of_index(device.index)
+    return _cc_of_index(torch.cuda.current_device()) if torch.cuda.is_available() else None
 
 
 def device_support_pdl(device: torch.device) -> bool:

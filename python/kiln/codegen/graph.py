@@ -158,7 +158,7 @@ def _load_graph(root: Path) -> Graph:
                                     "__file__": str(build_file)})
     seen: dict[str, Path] = {}
     for t in (*targets, *groups, *libraries):
-        for label in {t.label, getattr(t, "full_label", t.label)}:
+        for label in {t.label, t.full_label}:
             if label in seen:
                 raise BuildFileError(f"{label} is declared twice: in {seen[label]} and {t.build_file}")
             seen[label] = t.build_file

@@ -266,6 +266,8 @@ class SourceLibrary:
     def label(self) -> str:
         return f"//{self.package}:{self.name}"
 
+    full_label = label
+
 
 def make_library(build_file: Path, root: str, package: str, *, name: str, srcs=(), host_srcs=(),
                  doc: str = "") -> SourceLibrary:
