@@ -60,12 +60,9 @@ struct ErrorTableRegistration {
     error_tables() = &table;
   }
 };
-#define KILN_ERROR_CONCAT_(a, b) a##b
-#define KILN_ERROR_CONCAT(a, b) KILN_ERROR_CONCAT_(a, b)
 // At namespace scope in a family's header, after its table: once per module, however many of
 // its files include the header (an inline variable).
-#define KILN_REGISTER_ERROR_TEXTS(texts) \
-  inline const ::kiln::ErrorTableRegistration KILN_ERROR_CONCAT(texts, _registration){texts};
+#define KILN_REGISTER_ERROR_TEXTS(texts) inline const ::kiln::ErrorTableRegistration texts##_registration{texts};
 
 // Record the first error of a launch (later ones are dropped: one clear message is enough).
 template <typename Code>
