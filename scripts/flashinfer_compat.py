@@ -9,11 +9,11 @@ made from those files, never typed by hand:
         --out tests/flashinfer/results/cpu.json
     python scripts/flashinfer_compat.py readme tests/flashinfer/results/*.json
 
-Each module's entry says which kiln commit ran it and how: `--sample N` (the run kept every N-th
-case, pytest's --sample) and `--stopped` (the run hit its time limit: the counts are the cases that
-finished). `merge` joins runs of one device, a later file's modules replacing an earlier's (a
-round of the modules a fix touched on top of a full one); the table's footnote says each
-module's run.
+Each module's entry says which kiln commit ran it and how: the N of pytest's `--sample` (every
+N-th case kept; tests/conftest.py records it on each case as the junit property "sample") and
+`--stopped` (the run hit its time limit: the counts are the cases that finished). `merge` joins
+runs of one device, a later file's modules replacing an earlier's (a round of the modules a fix
+touched on top of a full one); the table's footnote says each module's run.
 
 A skip whose reason begins neither "kiln does not claim" (conftest.not_claimed) nor "FlashInfer's
 own test skips" (conftest.flashinfer_skips) is counted apart: the table shows it, so a skip that
@@ -60,15 +60,23 @@ def _head() -> str:
                           cwd=REPO).stdout.strip()
 
 
-def summarise(junit: Path, device: str, sample: int = 1, stopped: bool = False,
-              commit: str | None = None) -> dict:
+def _sample_of(case: ET.Element) -> int:
+    for prop in case.iter("property"):
+        if prop.get("name") == "sample":
+            return int(prop.get("value"))
+    return 1
+
+
+def summarise(junit: Path, device: str, stopped: bool = False, commit: str | None = None) -> dict:
     modules: dict[str, dict] = {}
+    samples: dict[str, set[int]] = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
         module = _module_of(case.get("classname", ""))
         if module is None:
             continue
         m = modules.setdefault(module, {"passed": 0, "failed": 0, "skipped": 0, "not_claimed": {},
                                         "other_skips": {}, "failures": []})
+        samples.setdefault(module, set()).add(_sample_of(case))
         skipped = case.find("skipped")
         failed = case.find("failure") if case.find("failure") is not None else case.find("error")
         if skipped is not None:
@@ -82,10 +90,10 @@ def summarise(junit: Path, device: str, sample: int = 1, stopped: bool = False,
                 m["failures"].append(case.get("name"))
         else:
             m["passed"] += 1
-    run = {"kiln_commit": commit or _head(), "sample": sample, "stopped": stopped}
     for name, m in modules.items():
         m["flashinfer_files"] = flashinfer_sources(name)
-        m["run"] = run
+        # one rate per module (--sample sets it per module); the sparsest if a file mixed runs
+        m["run"] = {"kiln_commit": commit or _head(), "sample": max(samples[name]), "stopped": stopped}
     return {"device": device, "modules": dict(sorted(modules.items()))}
 
 
@@ -101,7 +109,7 @@ def merge(summaries: list[dict]) -> dict:
 
 
 def _describe(run: dict) -> str:
-    how = "every case" if run["sample"] == 1 else f"every {run['sample']}th case"
+    how = "every case" if run["sample"] == 1 else f"one case in {run['sample']}"
     stopped = ", stopped at its time limit (the cases that finished)" if run["stopped"] else ""
     return f"{how} at {run['kiln_commit']}{stopped}"
 
@@ -167,7 +175,6 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("junit", type=Path)
     s.add_argument("--device", required=True, help="the column's name: cpu, h200, ...")
     s.add_argument("--out", type=Path, required=True)
-    s.add_argument("--sample", type=int, default=1, help="the run kept every N-th case (pytest --sample N)")
     s.add_argument("--stopped", action="store_true", help="the run stopped at its time limit")
     s.add_argument("--commit", help="the kiln commit that ran (default: this checkout's HEAD)")
     g = sub.add_parser("merge", help="one device's summaries as one, later files' modules first")
@@ -177,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("summaries", type=Path, nargs="+")
     args = parser.parse_args(argv)
     if args.cmd == "summarise":
-        summary = summarise(args.junit, args.device, args.sample, args.stopped, args.commit)
+        summary = summarise(args.junit, args.device, args.stopped, args.commit)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
         for name, m in summary["modules"].items():

@@ -6,13 +6,13 @@
 #
 #   bash scripts/flashinfer_round.sh [pytest args, default: tests/flashinfer]
 #
-# TEST_WORKERS (default 8) xdist workers; pytest's --sample N (tests/conftest.py) keeps every N-th
-# case of each test for a quick round; EXTRA_TESTS="tests/ops/norm ..." kiln's own GPU tests
+# TEST_WORKERS (default 8) xdist workers; pytest's --sample N / MODULE=N (tests/conftest.py) keeps
+# every N-th case of each test for a quick round, per module if asked; EXTRA_TESTS="tests/ops/norm ..." kiln's own GPU tests
 # after the re-created ones (EXTRA_WORKERS, default TEST_WORKERS); FI_SECONDS caps the re-created
 # tests' step, leaving the rest of the deadline to EXTRA_TESTS; DEADLINE (s, default 540)
 # bounds every step, so whatever finished is kept. The JIT cache is $KILN_WORKSPACE_BASE (a warm
-# machine keeps it between calls). The summary records --sample, whether the step stopped at its
-# time limit, and KILN_COMMIT (the commit the tree is; default the checkout's HEAD, which on the
+# machine keeps it between calls). The summary records each module's sample rate, whether the step
+# stopped at its time limit, and KILN_COMMIT (the commit the tree is; default the checkout's HEAD, which on the
 # device machine is the tool's own commit of the copied tree).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,20 +25,18 @@ install_kiln_and_peers "$OUT/setup.log" 0
 export KILN_TEST_WORKSPACE=$KILN_WORKSPACE_BASE
 workers=${TEST_WORKERS:-8}
 args=("$@"); [ ${#args[@]} -eq 0 ] && args=(tests/flashinfer)
-sample=1
-for ((i = 0; i < ${#args[@]} - 1; i++)); do [ "${args[i]}" = --sample ] && sample=${args[i + 1]}; done
 
 step "pytest -m gpu ${args[*]} ($workers workers)"
 # SIGINT at the deadline: pytest stops and still writes the junit XML of what finished.
 budget=$(left); [ -n "${FI_SECONDS:-}" ] && [ "$FI_SECONDS" -lt "$budget" ] && budget=$FI_SECONDS
 timeout -s INT -k 30 "$budget" python3 -m pytest -m gpu "${args[@]}" -n "$workers" -q -p no:cacheprovider \
-  --junitxml="$OUT/flashinfer_gpu.xml" >"$OUT/pytest_flashinfer.log" 2>&1
+  --durations=25 --junitxml="$OUT/flashinfer_gpu.xml" >"$OUT/pytest_flashinfer.log" 2>&1
 rc=$?
 [ $rc -ne 0 ] && status=1
 stopped=(); [ $rc -eq 124 ] && stopped=(--stopped)
 tail -n 30 "$OUT/pytest_flashinfer.log"
 if [ -s "$OUT/flashinfer_gpu.xml" ]; then
-  python3 scripts/flashinfer_compat.py summarise "$OUT/flashinfer_gpu.xml" --device h200 --sample "$sample" \
+  python3 scripts/flashinfer_compat.py summarise "$OUT/flashinfer_gpu.xml" --device h200 \
     "${stopped[@]}" ${KILN_COMMIT:+--commit "$KILN_COMMIT"} --out "$OUT/h200.json" | tee -a "$OUT/steps.log"
 fi
 

@@ -37,21 +37,44 @@ for knob in [k for k in os.environ if k.startswith(("KILN_LOG", "KILN_DUMP"))] +
 
 
 def pytest_addoption(parser):
-    parser.addoption("--sample", type=int, default=1, metavar="N",
+    parser.addoption("--sample", action="append", default=[], metavar="N|MODULE=N",
                      help="keep every N-th case of each parametrised test (its first included): a quick "
-                          "device round over large grids such as tests/flashinfer's")
+                          "device round over large grids such as tests/flashinfer's. MODULE=N sets it "
+                          "for one test module (its file name without .py), N for the others; each kept "
+                          "case records its N as the junit property 'sample'")
+
+
+def sample_rates(specs: list[str]) -> tuple[int, dict[str, int]]:
+    """--sample's values as (every N-th for any module, {module: N})."""
+    default, per_module = 1, {}
+    for spec in specs:
+        module, _, every = spec.rpartition("=")
+        if not every.isdigit() or int(every) < 1 or (module == "" and "=" in spec):
+            raise pytest.UsageError(f"--sample {spec!r}: expected N or MODULE=N with N a whole number >= 1 "
+                                    "(e.g. --sample 10 --sample test_page=1)")
+        if module:
+            per_module[module] = int(every)
+        else:
+            default = int(every)
+    return default, per_module
 
 
 def _sampled(config, items) -> None:
-    every = config.getoption("sample")
-    if every <= 1:
+    default, per_module = sample_rates(config.getoption("sample"))
+    if default == 1 and all(n == 1 for n in per_module.values()):
         return
     seen: dict[tuple, int] = {}
     kept, dropped = [], []
     for item in items:
+        every = per_module.get(item.path.stem, default)
         key = (item.path, getattr(item, "originalname", item.name))
         index = seen[key] = seen.get(key, -1) + 1
-        (kept if index % every == 0 else dropped).append(item)
+        if index % every:
+            dropped.append(item)
+            continue
+        kept.append(item)
+        if every > 1:
+            item.user_properties.append(("sample", every))
     config.hook.pytest_deselected(items=dropped)
     items[:] = kept
 

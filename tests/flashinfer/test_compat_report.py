@@ -48,15 +48,19 @@ def test_summary_counts_each_outcome_and_keeps_undeclared_skips_apart(tmp_path):
 def test_a_later_run_replaces_the_modules_it_ran_and_the_footnote_says_which_run_is_which(tmp_path):
     junit = tmp_path / "run.xml"
     junit.write_text(JUNIT)
-    full = flashinfer_compat.summarise(junit, "h200", sample=5, stopped=True, commit="aaa1111")
+    sampled = tmp_path / "sampled.xml"
+    sampled.write_text(JUNIT.replace('name="test_norm[cuda-1]"/>', 'name="test_norm[cuda-1]"><properties>'
+                                     '<property name="sample" value="10"/></properties></testcase>'))
+    full = flashinfer_compat.summarise(junit, "h200", stopped=True, commit="aaa1111")
     full["modules"]["test_rope"] = json.loads(json.dumps(full["modules"]["test_norm"]))
-    again = flashinfer_compat.summarise(junit, "h200", sample=10, commit="bbb2222")
+    again = flashinfer_compat.summarise(sampled, "h200", commit="bbb2222")
+    assert again["modules"]["test_norm"]["run"]["sample"] == 10
     merged = flashinfer_compat.merge([full, again])
     assert merged["modules"]["test_norm"]["run"]["kiln_commit"] == "bbb2222"
     assert merged["modules"]["test_rope"]["run"]["kiln_commit"] == "aaa1111"
     footnote = flashinfer_compat.table([merged]).rstrip().splitlines()[-1]
     assert footnote.endswith(
-        "Runs: h200: every 10th case at bbb2222 (norm); every 5th case at aaa1111, stopped at its "
+        "Runs: h200: one case in 10 at bbb2222 (norm); every case at aaa1111, stopped at its "
         "time limit (the cases that finished) (rope).")
     cpu = flashinfer_compat.summarise(junit, "cpu", commit="ccc3333")
     with pytest.raises(SystemExit, match="one device"):
