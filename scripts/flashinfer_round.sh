@@ -12,7 +12,7 @@
 # tests' step, leaving the rest of the deadline to EXTRA_TESTS; DEADLINE (s, default 540)
 # bounds every step, so whatever finished is kept. The JIT cache is $KILN_WORKSPACE_BASE (a warm
 # machine keeps it between calls). The summary records each module's sample rate, whether the step
-# stopped at its time limit, and KILN_COMMIT (the commit the tree is; default the checkout's HEAD, which on the
+# stopped at its time limit, and ROUND_COMMIT (the commit the tree is; default the checkout's HEAD, which on the
 # device machine is the tool's own commit of the copied tree).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +37,7 @@ stopped=(); [ $rc -eq 124 ] && stopped=(--stopped)
 tail -n 30 "$OUT/pytest_flashinfer.log"
 if [ -s "$OUT/flashinfer_gpu.xml" ]; then
   python3 scripts/flashinfer_compat.py summarise "$OUT/flashinfer_gpu.xml" --device h200 \
-    "${stopped[@]}" ${KILN_COMMIT:+--commit "$KILN_COMMIT"} --out "$OUT/h200.json" | tee -a "$OUT/steps.log"
+    "${stopped[@]}" ${ROUND_COMMIT:+--commit "$ROUND_COMMIT"} --out "$OUT/h200.json" | tee -a "$OUT/steps.log"
 fi
 
 if [ -n "${EXTRA_TESTS:-}" ]; then
