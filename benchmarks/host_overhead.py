@@ -1,6 +1,7 @@
 """Host overhead per call of kiln's small ops against torch's eager equivalent on the same tensors.
 
     python benchmarks/host_overhead.py [--device cuda|cpu] [--calls 2000] [--reps 7] [--out o.jsonl]
+    python benchmarks/host_overhead.py --breakdown [--device cuda]   # where rmsnorm's call goes
 
 Each op runs on tensors so small (one row of --hidden values) that the device finishes each
 kernel long before the host issues the next: the wall time of N back-to-back calls (on CUDA one
@@ -8,6 +9,11 @@ torch.cuda.synchronize() after them), divided by N, is the caller's cost per cal
 path included. kiln's and torch's per-call times and their ratio are reported, the minimum of
 --reps repetitions (the least disturbed one; the spread is reported too). Each pair passes a
 reference check first (kiln's output against torch's, the op's tolerance).
+
+--breakdown times kiln.rmsnorm's call path one layer at a time (the public function, the same
+without PDL, the launcher under the custom-op wrapper, the module lookup, the binding call with
+its three DLPack capsules, the capsules alone, the stream lookup, torch.empty_like), each the same
+way, so a regression of the call path is found in the layer that grew, not guessed at.
 
 On CPU tensors both sides also run their (tiny) host kernels, so the ratio there bounds the
 Python path kiln adds, not the GPU launch; tests/harness/test_host_overhead.py uses it as CI's
@@ -108,6 +114,45 @@ def measure(device: str = "cpu", calls: int = 2000, reps: int = 7, ops: list[str
     return results
 
 
+def breakdown(device: str = "cuda", calls: int = 2000, reps: int = 7,
+              hidden: int = 4096) -> list[tuple[str, float]]:
+    """(layer, best us per call) for kiln.rmsnorm's call path, outermost first."""
+    from kiln import _jit, _pdl, norm
+
+    dev = torch.device(device)
+    x = torch.randn(1, hidden, device=dev)
+    w, out = torch.randn(hidden, device=dev), torch.empty(1, hidden, device=dev)
+    pdl = _pdl.resolve(None, dev)
+    mod = _jit.module(norm.LABEL, dev, "kiln.rmsnorm", dtype=x.dtype, names=norm._NAMES)
+    torch.testing.assert_close(kiln.rmsnorm(x, w, 1e-6), F.rms_norm(x, (hidden,), w, 1e-6),
+                               rtol=1e-4, atol=1e-4)
+
+    def binding():
+        mod.rmsnorm(out=_jit.dl(out), input=_jit.dl(x), weight=_jit.dl(w), eps=1e-6, weight_offset=0.0,
+                    pdl=pdl, stream=_jit.stream_of(dev))
+
+    layers = [
+        ("torch F.rms_norm", lambda: F.rms_norm(x, (hidden,), w, 1e-6)),
+        ("kiln.rmsnorm", lambda: kiln.rmsnorm(x, w, 1e-6)),
+        ("kiln.rmsnorm(enable_pdl=False)", lambda: kiln.rmsnorm(x, w, 1e-6, enable_pdl=False)),
+        ("norm._rmsnorm (no API wrappers)", lambda: norm._rmsnorm(x, w, 1e-6, None, 0.0, None)),
+        ("norm._rmsnorm_op (launcher, out given)", lambda: norm._rmsnorm_op(out, x, w, 1e-6, 0.0, pdl)),
+        ("launcher body: module + binding", lambda: norm._rmsnorm_op.eager(out, x, w, 1e-6, 0.0, pdl)),
+        ("binding call (capsules, stream)", binding),
+        ("binding call, pdl=False", lambda: mod.rmsnorm(out=_jit.dl(out), input=_jit.dl(x), weight=_jit.dl(w),
+                                                        eps=1e-6, weight_offset=0.0, pdl=False,
+                                                        stream=_jit.stream_of(dev))),
+        ("_jit.module lookup", lambda: _jit.module(norm.LABEL, dev, "kiln.rmsnorm", dtype=x.dtype,
+                                                   names=norm._NAMES)),
+        ("3 x _jit.dl", lambda: (_jit.dl(out), _jit.dl(x), _jit.dl(w))),
+        ("_jit.stream_of", lambda: _jit.stream_of(dev)),
+        ("_pdl.resolve", lambda: _pdl.resolve(None, dev)),
+        ("torch.empty_like", lambda: torch.empty_like(x)),
+    ]
+    with torch.inference_mode():
+        return [(name, min(_per_call_us(fn, calls, reps, dev))) for name, fn in layers]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -117,7 +162,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=4096, help="the row's length (64 on CPU keeps the host "
                         "kernels' own work out of the ratio)")
     parser.add_argument("--out", help="append one JSON line per op")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="time kiln.rmsnorm's call path layer by layer")
     args = parser.parse_args(argv)
+    if args.breakdown:
+        rows = breakdown(args.device, args.calls, args.reps, args.hidden)
+        print(f"kiln.rmsnorm's call path, 1 x {args.hidden} float32, {args.device} (best of {args.reps} x "
+              f"{args.calls} calls, torch {torch.__version__})")
+        for name, us in rows:
+            print(f"  {name:<42}{us:>8.2f} us")
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps({"breakdown": "rmsnorm", "device": args.device, "hidden": args.hidden,
+                                    "us": dict(rows), "torch": torch.__version__}) + "\n")
+        return 0
     results = measure(args.device, args.calls, args.reps, args.ops.split(",") if args.ops else None,
                       args.hidden)
     print(f"{'op':<20}{'shape':<12}{'kiln us':>10}{'torch us':>10}{'ratio':>8}  (best of {args.reps} x "

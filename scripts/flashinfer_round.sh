@@ -12,8 +12,8 @@
 # tests' step, leaving the rest of the deadline to EXTRA_TESTS; DEADLINE (s, default 540)
 # bounds every step, so whatever finished is kept. The JIT cache is $KILN_WORKSPACE_BASE (a warm
 # machine keeps it between calls). The summary records each module's sample rate, whether the step
-# stopped at its time limit, and ROUND_COMMIT (the commit the tree is; default the checkout's HEAD, which on the
-# device machine is the tool's own commit of the copied tree).
+# stopped at its time limit, and ROUND_COMMIT (the commit the tree is; default the checkout's HEAD,
+# which on the device machine is the tool's own commit of the copied tree).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEADLINE_DEFAULT=540 . scripts/round_common.sh

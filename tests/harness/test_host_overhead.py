@@ -8,7 +8,7 @@ machine. The bounds leave room above what this machine measures (rmsnorm ~0.7x, 
 
 from __future__ import annotations
 
-from benchmarks.host_overhead import measure
+from benchmarks.host_overhead import breakdown, measure
 
 BOUNDS = {"rmsnorm": 1.25, "fused_add_rmsnorm": 1.0, "silu_and_mul": 3.0}
 
@@ -21,3 +21,10 @@ def test_the_python_call_path_stays_within_a_ratio_of_torch():
     # what exceeded once is measured again (a shared CI machine's noise): the better of two counts
     again = over(measure("cpu", calls=1000, reps=5, ops=list(first), hidden=64)) if first else {}
     assert again == {}, f"kiln / torch per-call time above the bounds {BOUNDS}: {again} (first run {first})"
+
+
+def test_the_breakdown_times_each_layer_of_the_call_path_and_the_layers_nest():
+    rows = dict(breakdown("cpu", calls=300, reps=3, hidden=64))
+    assert list(rows)[:2] == ["torch F.rms_norm", "kiln.rmsnorm"] and all(us > 0 for us in rows.values())
+    # the public call contains the binding call, which contains its capsules: each costs more
+    assert rows["kiln.rmsnorm"] > rows["binding call (capsules, stream)"] > rows["3 x _jit.dl"]
