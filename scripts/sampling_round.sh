@@ -14,6 +14,11 @@
 #
 #   bash scripts/sampling_round.sh
 #
+# SOFTMAX_ONLY=1: softmax alone (its tests, its kernel's resource usage, float32 and bfloat16 at every
+# batch of its definition), then the host overhead per call on CUDA (benchmarks/host_overhead.py,
+# with --breakdown) into $OUT/host_overhead.jsonl. With FLASHINFER=1 FlashInfer's sampling module
+# compiles in the background from the start (at most FLASHINFER_WARM_S, default 300 s), and the
+# FlashInfer backend runs last if it finished.
 # SKIP_TESTS=1 / SKIP_BENCH=1 leave a step out; REPEATS (default 20) and TARGET_MS (default 1)
 # size each measurement; DEADLINE (s after the start, default 225) bounds every step after the
 # install: whatever finished is kept.
@@ -29,6 +34,13 @@ step "install"
 install_kiln_and_peers /tmp/sampling_setup.log "${FLASHINFER:-0}"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cores', __import__('os').cpu_count())" \
   | tee -a "$OUT/steps.log"
+if [ -n "${SOFTMAX_ONLY:-}" ] && [ "${have_peers:-0}" = 1 ]; then
+  (timeout "${FLASHINFER_WARM_S:-300}" python3 -c "
+import torch, flashinfer
+x = torch.randn(2, 128256, device='cuda')
+flashinfer.sampling.softmax(x); torch.cuda.synchronize(); print('flashinfer sampling module ready')
+" >/tmp/fi_warm.log 2>&1 && touch /tmp/fi_ready) &
+fi
 
 # 1. A cold build of the three modules (a fresh workspace): one job per module, then the f32
 #    module alone timed again from an empty build directory (the "cold compile" target).
@@ -36,13 +48,26 @@ step "cold build //ops:sampling (cuda)"
 rm -rf "$KILN_WORKSPACE_BASE"
 timeout "$(left)" python3 -m codegen build //ops:sampling --toolchain cuda -j 3 >"$OUT/build.log" 2>&1 || status=1
 grep -E "built|FAILED|summary" "$OUT/build.log" | tee -a "$OUT/steps.log"
+if [ -n "${SOFTMAX_ONLY:-}" ]; then
+  for so in $(find "$KILN_WORKSPACE_BASE" -name 'sampling_dtype_*_cuda*.so'); do
+    cuobjdump --dump-resource-usage "$so" 2>&1 | grep -A1 softmax_cluster | grep -o "REG:[0-9]*.*" \
+      | sed "s|^|$(basename "$so" | cut -d. -f1) softmax_cluster_kernel: |" | tee -a "$OUT/steps.log"
+  done
+fi
 s=$(date +%s.%N)
 timeout "$(left)" python3 -m codegen build //ops:sampling --toolchain cuda --set dtype=f32 --force -j 1 \
   >>"$OUT/build.log" 2>&1 || status=1
 note "cold compile, f32 module, one job: $(python3 -c "import time; print(f'{time.time() - $s:.1f} s')")"
 
 # 2. The GPU tests, and the committed sampling definitions at their real workloads.
-if [ -z "${SKIP_TESTS:-}" ]; then
+if [ -z "${SKIP_TESTS:-}" ] && [ -n "${SOFTMAX_ONLY:-}" ]; then
+  step "pytest -m gpu: softmax (tests/ops/sampling, FlashInfer's test_sampling)"
+  KILN_TEST_WORKSPACE=$KILN_WORKSPACE_BASE timeout "$(left)" python3 -m pytest -m gpu -q -p no:cacheprovider -n 4 \
+    tests/ops/sampling tests/flashinfer/test_sampling.py -k "softmax or test_cuda" 2>&1 \
+    | tee "$OUT/pytest_gpu.log" | tail -n 15
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  tail -n 1 "$OUT/pytest_gpu.log" | sed 's/^/pytest: /' >>"$OUT/steps.log"
+elif [ -z "${SKIP_TESTS:-}" ]; then
   workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 4)
   step "pytest -m gpu tests/ops/sampling + sampling definitions ${workers[*]}"
   KILN_TEST_WORKSPACE=$KILN_WORKSPACE_BASE timeout "$(left)" python3 -m pytest -m gpu -q -p no:cacheprovider \
@@ -69,12 +94,23 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   B3=(llama-3.1-8b-decode:batch_size=1 llama-3.1-8b-decode:batch_size=64 llama-3.1-8b-decode:batch_size=256)
   B2=(llama-3.1-8b-decode:batch_size=1 llama-3.1-8b-decode:batch_size=256)
   peers=kiln,torch
+  if [ -n "${SOFTMAX_ONLY:-}" ]; then
+    ALL=(); for b in 1 16 64 128 256; do ALL+=("llama-3.1-8b-decode:batch_size=$b"); done
+    run_bench softmax kiln,torch f32 "${ALL[@]}"
+    run_bench softmax kiln,torch bf16 "${ALL[@]}"
+    if [ -e /tmp/fi_ready ]; then
+      run_bench softmax kiln,torch,flashinfer f32 "${B3[@]}"
+    else
+      note "FlashInfer's sampling module not ready ($(tail -n 1 /tmp/fi_warm.log 2>/dev/null)): no FlashInfer softmax"
+    fi
+  else
   [ "${have_peers:-0}" = 1 ] && peers=$peers,flashinfer
   run_bench top_k_top_p_sampling_from_logits "$peers,torch_topk" f32 "${B3[@]}"
   run_bench top_k_top_p_sampling_from_logits "$peers,torch_topk" bf16 "${B3[@]}"
   run_bench softmax,sampling_from_probs,sampling_from_logits,top_k_sampling_from_probs,top_p_sampling_from_probs,\
 min_p_sampling_from_probs,top_k_top_p_sampling_from_probs,top_k_renorm_probs,top_p_renorm_probs,top_k_mask_logits,\
 chain_speculative_sampling "$peers" f32 "${B2[@]}"
+  fi
   python3 -m benchmarks table --markdown "$OUT/sampling.jsonl" >"$OUT/results.md" 2>&1 || status=1
   python3 - "$OUT/sampling.jsonl" <<'PY' | tee -a "$OUT/steps.log"
 import json, sys
@@ -89,5 +125,12 @@ for r in recs:
 PY
 fi
 
+if [ -n "${SOFTMAX_ONLY:-}" ] && [ "$(left)" -gt 20 ]; then
+  step "host overhead per call on CUDA"
+  timeout "$(left)" python3 benchmarks/host_overhead.py --device cuda --out "$OUT/host_overhead.jsonl" 2>&1 \
+    | tee -a "$OUT/steps.log"
+  timeout "$(left)" python3 benchmarks/host_overhead.py --device cuda --breakdown --out "$OUT/host_overhead.jsonl" \
+    2>&1 | tee -a "$OUT/steps.log"
+fi
 step "done (status $status)"
 exit $status

@@ -9,6 +9,9 @@
 // running weight passes the target, then a block scan inside that tile. No sort, no rejection
 // loop, and every sum is an integer, so the result does not depend on the order of the atomics.
 //
+// softmax (sm90+): a cluster of CTAs per row, the row read once (softmax.cuh); the row kernel
+// where that does not apply.
+//
 // chain_speculative: one CTA per request; thread 0 runs the acceptance tests, the block draws the
 // resampled or bonus token with the same draw.
 #pragma once
@@ -23,6 +26,7 @@
 #include "ops/common/dtypes.h"
 #include "ops/common/vec.cuh"
 #include "ops/sampling/sampling.h"
+#include "ops/sampling/softmax.cuh"
 
 namespace kiln::sampling {
 
@@ -559,6 +563,9 @@ Status launch_rows(const RowParams& p, LaunchContext ctx) {
   RowParams q = p;
   q.errors = ctx.errors;
   q.vec16 = reinterpret_cast<uintptr_t>(p.input) % 16 == 0 && (p.in_stride * int64_t(sizeof(T))) % 16 == 0;
+  if (launch_softmax_clusters<T>(q, static_cast<cudaStream_t>(ctx.stream))) {
+    return cuda_status(cudaGetLastError(), "softmax kernel launch");
+  }
   row_kernel<T><<<grid_for(p.rows), kThreads, 0, static_cast<cudaStream_t>(ctx.stream)>>>(q);
   return cuda_status(cudaGetLastError(), "sampling kernel launch");
 }

@@ -627,6 +627,58 @@ def test_cuda_draws_the_host_tokens(dtype):
         torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-10)
 
 
+# softmax's cluster kernel (ops/sampling/softmax.cuh): a cluster of 1 to 8 CTAs per row by the
+# batch and the row's bytes, vector or single-element loads by the row's alignment, the row kernel
+# past 8 x 192 KB. Each shape below takes a different one of those paths.
+SOFTMAX_SHAPES = [
+    (1, 128256),  # 8 CTAs of one row
+    (3, 151936),  # 8 CTAs, the last chunk shorter
+    (64, 32000),  # 8 CTAs, 64 rows
+    (300, 4099),  # one CTA per row, an odd vocabulary (single-element loads, a tail)
+    (2, 50257),  # GPT-2's vocabulary: rows not 16-byte aligned
+    (1, 400_003),  # float32 past 8 x 192 KB: the row kernel
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, vocab", SOFTMAX_SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_cuda_softmax_matches_the_reference_at_every_cluster_shape(rows, vocab, dtype):
+    g = torch.Generator().manual_seed(rows * 7 + vocab)
+    logits = (4 * torch.randn((rows, vocab), generator=g)).to(dtype)
+    if rows >= 2:  # the special rows: NaN / -inf weigh 0, +inf entries share the row
+        logits[0, :: vocab // 5] = float("nan")
+        logits[0, 1 :: vocab // 7] = float("-inf")
+        logits[1, [3, vocab - 2]] = float("inf")
+    t = torch.linspace(0.5, 2.0, rows)
+    t[-1] = 0.0  # the T -> 0 limit: the row's maxima
+    x = logits.cuda()
+    for temperature, t_rows in ((None, torch.ones(rows)), (t.cuda(), t), (0.7, torch.full((rows,), 0.7))):
+        # poison: the caching allocator hands this NaN block to kiln.softmax's output next
+        del_me = torch.full((rows, vocab), float("nan"), device="cuda")
+        del del_me
+        got = kiln.softmax(x, temperature).cpu()
+        torch.testing.assert_close(got.double(), _softmax_limits(logits, t_rows), rtol=1e-5, atol=1e-9)
+
+
+def _softmax_limits(logits: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """float64 softmax(logits / t) per row with kiln's limits: NaN and -inf weigh 0; a row with +inf
+    entries, or with t <= 0, splits its probability evenly over its largest entries."""
+    x = logits.double()
+    x = torch.where(x.isnan(), torch.full_like(x, -torch.inf), x)
+    out = torch.zeros_like(x)
+    for r in range(x.shape[0]):
+        top = x[r].max()
+        if top == -torch.inf:
+            continue
+        if top == torch.inf or t[r] <= 0:
+            hit = (x[r] == top).double()
+            out[r] = hit / hit.sum()
+        else:
+            out[r] = torch.softmax((x[r] - top) / float(t[r]), -1)
+    return out
+
+
 @pytest.mark.gpu
 def test_cuda_speculative_matches_the_host():
     d = rand_probs(64 * 4, 32000, seed=1, scale=3).reshape(64, 4, 32000)
