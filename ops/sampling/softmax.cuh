@@ -17,7 +17,6 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "ops/common/cuda_utils.cuh"
