@@ -1,4 +1,4 @@
-"""pytest's --sample (tests/conftest.py): every N-th case of each test, per module if asked, each
+"""pytest's --sample (tests/case_sampling.py): every N-th case of each test, per module if asked, each
 kept case carrying its N for the FlashInfer summary (scripts/flashinfer_compat.py)."""
 
 from __future__ import annotations
@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import case_sampling
 import pytest
-
-from tests import conftest
 
 
 class _Config:
@@ -27,12 +26,12 @@ def _items(module: str, test: str, n: int):
 
 
 def test_sample_rates_parse_a_default_and_per_module_rates():
-    assert conftest.sample_rates([]) == (1, {})
-    rates = conftest.sample_rates(["10", "test_page=1", "test_rope=50"])
+    assert case_sampling.sample_rates([]) == (1, {})
+    rates = case_sampling.sample_rates(["10", "test_page=1", "test_rope=50"])
     assert rates == (10, {"test_page": 1, "test_rope": 50})
     for bad in ["0", "x", "=3", "test_rope=", "test_rope=-2"]:
         with pytest.raises(pytest.UsageError, match="expected N or MODULE=N"):
-            conftest.sample_rates([bad])
+            case_sampling.sample_rates([bad])
 
 
 def test_each_test_keeps_its_first_case_and_every_nth_after_at_its_modules_rate():
@@ -40,7 +39,7 @@ def test_each_test_keeps_its_first_case_and_every_nth_after_at_its_modules_rate(
     other = _items("test_rope", "test_rope_other", 2)
     items = rope + page + other
     config = _Config(["3", "test_page=1"])
-    conftest._sampled(config, items)
+    case_sampling.sampled(config, items)
     assert [i.name for i in items] == ["test_rope[0]", "test_rope[3]", "test_rope[6]",
                                        "test_page[0]", "test_page[1]", "test_page[2]", "test_rope_other[0]"]
     assert len(config.deselected) == 5
@@ -50,5 +49,5 @@ def test_each_test_keeps_its_first_case_and_every_nth_after_at_its_modules_rate(
 
 def test_no_sampling_keeps_everything_untouched():
     items = _items("test_norm", "test_norm", 4)
-    conftest._sampled(_Config(["test_norm=1"]), items)
+    case_sampling.sampled(_Config(["test_norm=1"]), items)
     assert len(items) == 4 and all(i.user_properties == [] for i in items)
