@@ -1,7 +1,7 @@
 """Host overhead per call of kiln's small ops against torch's eager equivalent on the same tensors.
 
     python benchmarks/host_overhead.py [--device cuda|cpu] [--calls 2000] [--reps 7] [--out o.jsonl]
-    python benchmarks/host_overhead.py --breakdown [--device cuda]   # where rmsnorm's call goes
+    python benchmarks/host_overhead.py --breakdown [rmsnorm|softmax] [--device cuda]   # where a call goes
 
 Each op runs on tensors so small (one row of --hidden values) that the device finishes each
 kernel long before the host issues the next: the wall time of N back-to-back calls (on CUDA one
@@ -10,10 +10,12 @@ path included. kiln's and torch's per-call times and their ratio are reported, t
 --reps repetitions (the least disturbed one; the spread is reported too). Each pair passes a
 reference check first (kiln's output against torch's, the op's tolerance).
 
---breakdown times kiln.rmsnorm's call path one layer at a time (the public function, the same
-without PDL, the launcher under the custom-op wrapper, the module lookup, the binding call with
-its three DLPack capsules, the capsules alone, the stream lookup, torch.empty_like), each the same
-way, so a regression of the call path is found in the layer that grew, not guessed at.
+--breakdown times kiln.rmsnorm's (or kiln.softmax's) call path one layer at a time (the public
+function, the launcher under the custom-op wrapper, the module lookup, the binding call with its
+DLPack capsules, the capsules alone, the stream lookup, the output's allocation), each the same
+way, so a regression of the call path is found in the layer that grew, not guessed at. Each layer
+is also timed without waiting for the device ('issue'): where that is well below the per-call
+time, the GPU, not the host, sets the pace.
 
 On CPU tensors both sides also run their (tiny) host kernels, so the ratio there bounds the
 Python path kiln adds, not the GPU launch; tests/harness/test_host_overhead.py uses it as CI's
@@ -114,12 +116,9 @@ def measure(device: str = "cpu", calls: int = 2000, reps: int = 7, ops: list[str
     return results
 
 
-def breakdown(device: str = "cuda", calls: int = 2000, reps: int = 7,
-              hidden: int = 4096) -> list[tuple[str, float]]:
-    """(layer, best us per call) for kiln.rmsnorm's call path, outermost first."""
+def _rmsnorm_layers(dev: torch.device, hidden: int) -> list[tuple[str, Callable]]:
     from kiln import _jit, _pdl, norm
 
-    dev = torch.device(device)
     x = torch.randn(1, hidden, device=dev)
     w, out = torch.randn(hidden, device=dev), torch.empty(1, hidden, device=dev)
     pdl = _pdl.resolve(None, dev)
@@ -131,7 +130,7 @@ def breakdown(device: str = "cuda", calls: int = 2000, reps: int = 7,
         mod.rmsnorm(out=_jit.dl(out), input=_jit.dl(x), weight=_jit.dl(w), eps=1e-6, weight_offset=0.0,
                     pdl=pdl, stream=_jit.stream_of(dev))
 
-    layers = [
+    return [
         ("torch F.rms_norm", lambda: F.rms_norm(x, (hidden,), w, 1e-6)),
         ("kiln.rmsnorm", lambda: kiln.rmsnorm(x, w, 1e-6)),
         ("kiln.rmsnorm(enable_pdl=False)", lambda: kiln.rmsnorm(x, w, 1e-6, enable_pdl=False)),
@@ -149,8 +148,73 @@ def breakdown(device: str = "cuda", calls: int = 2000, reps: int = 7,
         ("_pdl.resolve", lambda: _pdl.resolve(None, dev)),
         ("torch.empty_like", lambda: torch.empty_like(x)),
     ]
+
+
+def _softmax_layers(dev: torch.device, hidden: int) -> list[tuple[str, Callable]]:
+    from kiln import _jit, errors, sampling
+
+    x = torch.randn(1, hidden, device=dev)
+    out = torch.empty(1, hidden, device=dev)
+    mod = sampling._module("kiln.softmax", x, "logits")
+    torch.testing.assert_close(kiln.softmax(x), torch.softmax(x, -1), rtol=1e-6, atol=1e-6)
+
+    def binding():
+        mod.softmax_rows(logits=_jit.dl(x), out=_jit.dl(out), temperature=None, temperature_val=1.0,
+                         errors=errors.record_address(dev), stream=_jit.stream_of(dev))
+
+    def sample_rows():  # the general entry (21 arguments) the softmax used before its own
+        mod.sample_rows(input=_jit.dl(x), output=mod.outputs["softmax"], order=mod.orders["top_k_first"],
+                        logits=True, temperature=None, temperature_val=1.0, top_k=None, top_k_val=0,
+                        top_p=None, top_p_val=1.0, out=_jit.dl(out), errors=errors.record_address(dev),
+                        stream=_jit.stream_of(dev))
+
+    return [
+        ("torch.softmax", lambda: torch.softmax(x, -1)),
+        ("kiln.softmax", lambda: kiln.softmax(x)),
+        ("sampling._softmax_op (launcher, out given)", lambda: sampling._softmax_op(out, x, None, 1.0)),
+        ("launcher body: module + binding", lambda: sampling._softmax_op.eager(out, x, None, 1.0)),
+        ("binding softmax_rows (capsules, stream)", binding),
+        ("binding sample_rows, the same softmax", sample_rows),
+        ("_module lookup", lambda: sampling._module("kiln.softmax", x, "logits")),
+        ("2 x _jit.dl", lambda: (_jit.dl(out), _jit.dl(x))),
+        ("errors.record_address", lambda: errors.record_address(dev)),
+        ("errors.after_launch", lambda: errors.after_launch(dev)),
+        ("_rows_input", lambda: sampling._rows_input("kiln.softmax", x, "logits", probs=False)),
+        ("float32 output (empty_like)", lambda: sampling._float_rows_like(x)),
+    ]
+
+
+BREAKDOWNS = {"rmsnorm": _rmsnorm_layers, "softmax": _softmax_layers}
+
+
+def _issue_us(fn: Callable, calls: int, reps: int, device: torch.device) -> float:
+    """The best per-call time of issuing `calls` calls without waiting for the device: below the
+    synchronised time when the device, not the host, sets the pace (fewer calls than the launch
+    queue holds, so the host never waits for a free slot)."""
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return best
+
+
+def breakdown(device: str = "cuda", calls: int = 2000, reps: int = 7, hidden: int = 4096,
+              op: str = "rmsnorm") -> list[tuple[str, float, float]]:
+    """(layer, best us per call, best us to issue a call) for kiln.<op>'s call path, outermost first."""
+    if op not in BREAKDOWNS:
+        raise SystemExit(f"--breakdown {op!r}: expected one of {', '.join(BREAKDOWNS)}")
+    dev = torch.device(device)
     with torch.inference_mode():
-        return [(name, min(_per_call_us(fn, calls, reps, dev))) for name, fn in layers]
+        layers = BREAKDOWNS[op](dev, hidden)
+        return [(name, min(_per_call_us(fn, calls, reps, dev)), _issue_us(fn, min(calls, 256), reps, dev))
+                for name, fn in layers]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,19 +226,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=4096, help="the row's length (64 on CPU keeps the host "
                         "kernels' own work out of the ratio)")
     parser.add_argument("--out", help="append one JSON line per op")
-    parser.add_argument("--breakdown", action="store_true",
-                        help="time kiln.rmsnorm's call path layer by layer")
+    parser.add_argument("--breakdown", nargs="?", const="rmsnorm", choices=sorted(BREAKDOWNS),
+                        help="time kiln.<op>'s call path layer by layer (rmsnorm when no op is named)")
     args = parser.parse_args(argv)
     if args.breakdown:
-        rows = breakdown(args.device, args.calls, args.reps, args.hidden)
-        print(f"kiln.rmsnorm's call path, 1 x {args.hidden} float32, {args.device} (best of {args.reps} x "
-              f"{args.calls} calls, torch {torch.__version__})")
-        for name, us in rows:
-            print(f"  {name:<42}{us:>8.2f} us")
+        rows = breakdown(args.device, args.calls, args.reps, args.hidden, args.breakdown)
+        print(f"kiln.{args.breakdown}'s call path, 1 x {args.hidden} float32, {args.device} (best of "
+              f"{args.reps} x {args.calls} calls; 'issue': {min(args.calls, 256)} calls not waited for; "
+              f"torch {torch.__version__})")
+        print(f"  {'layer':<46}{'per call':>10}{'issue':>10}")
+        for name, us, issue in rows:
+            print(f"  {name:<46}{us:>7.2f} us{issue:>7.2f} us")
         if args.out:
             with open(args.out, "a") as f:
-                f.write(json.dumps({"breakdown": "rmsnorm", "device": args.device, "hidden": args.hidden,
-                                    "us": dict(rows), "torch": torch.__version__}) + "\n")
+                record = {"breakdown": args.breakdown, "device": args.device, "hidden": args.hidden,
+                          "us": {n: us for n, us, _ in rows}, "issue_us": {n: i for n, _, i in rows},
+                          "torch": torch.__version__}
+                f.write(json.dumps(record) + "\n")
         return 0
     results = measure(args.device, args.calls, args.reps, args.ops.split(",") if args.ops else None,
                       args.hidden)

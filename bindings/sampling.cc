@@ -5,6 +5,7 @@
 //   sample_rows(*, input, output, order, logits, indices=None, temperature=None, temperature_val=1,
 //               top_k=None, top_k_val=0, top_p=None, top_p_val=1, min_p=None, min_p_val=0,
 //               seed=0, offset=0, seeds=None, offsets=None, samples=None, out=None, errors=0, stream=0)
+//   softmax_rows(*, logits, out, temperature=None, temperature_val=1, errors=0, stream=0)
 //   chain_speculative(*, draft_probs, draft_token_ids, target_probs, out_ids, accepted, emitted,
 //                     seed=0, offset=0, seeds=None, offsets=None, errors=0, stream=0)
 //
@@ -90,27 +91,13 @@ const float* float_vector(py::handle obj, const char* name, int64_t n, const Ten
   return static_cast<const float*>(t.data);
 }
 
-void sample_rows(py::handle input_obj, int output, int order, bool logits, py::handle indices_obj,
-                 py::handle temperature_obj, double temperature_val, py::handle top_k_obj, int64_t top_k_val,
-                 py::handle top_p_obj, double top_p_val, py::handle min_p_obj, double min_p_val, uint64_t seed,
-                 uint64_t offset, py::handle seeds_obj, py::handle offsets_obj, py::handle samples_obj,
-                 py::handle out_obj, uintptr_t errors, uintptr_t stream) {
-  if (output < 0 || output > int(ks::Output::kSoftmax)) {
-    value_error("output must be one of the exported `outputs`, got " + std::to_string(output));
-  }
-  if (order < 0 || order > int(ks::Order::kJoint)) {
-    value_error("order must be one of the exported `orders`, got " + std::to_string(order));
-  }
-  const ks::Output out_kind = static_cast<ks::Output>(output);
-  TensorView input = view_of(input_obj, logits ? "logits" : "probs");
+// The input rows of a sample_rows / softmax_rows call, checked, as the parameters' first fields.
+ks::RowParams input_rows(py::handle input_obj, bool logits, TensorView& input) {
+  input = view_of(input_obj, logits ? "logits" : "probs");
   kb::check_backend_device(input);
   kb::check_dtype(input, kDType, std::string("this module is ") + kiln::spec::kUri);
   if (!logits && input.dtype != kb::dl_dtype<float>()) {
     kb::type_error("probs must be float32, got " + kb::dtype_str(input.dtype));
-  }
-  if (logits != (out_kind == ks::Output::kMaskedLogits || out_kind == ks::Output::kSoftmax) &&
-      out_kind != ks::Output::kSample) {
-    value_error("output " + std::to_string(output) + " does not take " + (logits ? "logits" : "probabilities"));
   }
   kb::check_ndim(input, 2, 2);
   kb::check_last_contiguous(input);
@@ -125,6 +112,57 @@ void sample_rows(py::handle input_obj, int output, int order, bool logits, py::h
                 std::to_string(p.vocab));
   }
   p.rows = p.rows_in;
+  p.logits = logits;
+  return p;
+}
+
+// The [rows, vocab] output of the probs, masked-logits and softmax outputs, checked, into p.
+void output_rows(ks::RowParams& p, py::handle out_obj, const TensorView& input) {
+  TensorView out = view_of(out_obj, "out");
+  kb::check_same_device(out, input);
+  if (p.output == ks::Output::kMaskedLogits) {
+    kb::check_dtype(out, kDType, "masked logits have the logits' dtype");
+  } else {
+    kb::check_dtype(out, kb::dl_dtype<float>(), "probabilities are float32");
+  }
+  kb::check_ndim(out, 2, 2);
+  kb::check_dim(out, 0, p.rows, "the rows");
+  kb::check_dim(out, 1, p.vocab, "the vocabulary");
+  kb::check_last_contiguous(out);
+  kb::check_no_internal_overlap(out);
+  kb::check_disjoint(out, input);
+  p.out = out.data;
+  p.out_stride = out.stride(0);
+}
+
+void launch(const ks::RowParams& p, const TensorView& input, uintptr_t stream, uintptr_t errors) {
+  const kiln::LaunchContext ctx = kb::launch_context(input, stream, errors);
+  kiln::Status s;
+  {
+    py::gil_scoped_release no_gil;
+    s = ks::sample_rows(p, ctx);
+  }
+  kb::raise_if_failed(s, kiln::spec::kUri);
+}
+
+void sample_rows(py::handle input_obj, int output, int order, bool logits, py::handle indices_obj,
+                 py::handle temperature_obj, double temperature_val, py::handle top_k_obj, int64_t top_k_val,
+                 py::handle top_p_obj, double top_p_val, py::handle min_p_obj, double min_p_val, uint64_t seed,
+                 uint64_t offset, py::handle seeds_obj, py::handle offsets_obj, py::handle samples_obj,
+                 py::handle out_obj, uintptr_t errors, uintptr_t stream) {
+  if (output < 0 || output > int(ks::Output::kSoftmax)) {
+    value_error("output must be one of the exported `outputs`, got " + std::to_string(output));
+  }
+  if (order < 0 || order > int(ks::Order::kJoint)) {
+    value_error("order must be one of the exported `orders`, got " + std::to_string(order));
+  }
+  const ks::Output out_kind = static_cast<ks::Output>(output);
+  TensorView input;
+  ks::RowParams p = input_rows(input_obj, logits, input);
+  if (logits != (out_kind == ks::Output::kMaskedLogits || out_kind == ks::Output::kSoftmax) &&
+      out_kind != ks::Output::kSample) {
+    value_error("output " + std::to_string(output) + " does not take " + (logits ? "logits" : "probabilities"));
+  }
   if (!indices_obj.is_none()) {
     TensorView idx = view_of(indices_obj, "indices");
     kb::check_same_device(idx, input);
@@ -134,7 +172,6 @@ void sample_rows(py::handle input_obj, int output, int order, bool logits, py::h
     p.indices = idx.data;
     p.rows = idx.size(0);
   }
-  p.logits = logits;
   p.output = out_kind;
   p.order = static_cast<ks::Order>(order);
   p.temperature = float_vector(temperature_obj, "temperature", p.rows, input);
@@ -156,29 +193,24 @@ void sample_rows(py::handle input_obj, int output, int order, bool logits, py::h
     kb::check_disjoint(s, input);
     p.samples = s.data;
   } else {
-    TensorView out = view_of(out_obj, "out");
-    kb::check_same_device(out, input);
-    if (out_kind == ks::Output::kMaskedLogits) {
-      kb::check_dtype(out, kDType, "masked logits have the logits' dtype");
-    } else {
-      kb::check_dtype(out, kb::dl_dtype<float>(), "probabilities are float32");
-    }
-    kb::check_ndim(out, 2, 2);
-    kb::check_dim(out, 0, p.rows, "the rows");
-    kb::check_dim(out, 1, p.vocab, "the vocabulary");
-    kb::check_last_contiguous(out);
-    kb::check_no_internal_overlap(out);
-    kb::check_disjoint(out, input);
-    p.out = out.data;
-    p.out_stride = out.stride(0);
+    output_rows(p, out_obj, input);
   }
-  const kiln::LaunchContext ctx = kb::launch_context(input, stream, errors);
-  kiln::Status s;
-  {
-    py::gil_scoped_release no_gil;
-    s = ks::sample_rows(p, ctx);
-  }
-  kb::raise_if_failed(s, kiln::spec::kUri);
+  launch(p, input, stream, errors);
+}
+
+// softmax_rows: sample_rows(output=softmax) with only the arguments a softmax has. Its own entry
+// because pybind11's keyword matching grows with the declared arguments (21 cost ~4 us a call, 6
+// under 1 us), and softmax is called once per decode step.
+void softmax_rows(py::handle logits_obj, py::handle out_obj, py::handle temperature_obj, double temperature_val,
+                  uintptr_t errors, uintptr_t stream) {
+  TensorView input;
+  ks::RowParams p = input_rows(logits_obj, true, input);
+  p.output = ks::Output::kSoftmax;
+  p.temperature = float_vector(temperature_obj, "temperature", p.rows, input);
+  p.temperature_val = float(temperature_val);
+  p.top_p_val = 1.0f;  // sample_rows' defaults for the filters a softmax does not apply
+  output_rows(p, out_obj, input);
+  launch(p, input, stream, errors);
 }
 
 void chain_speculative(py::handle draft_obj, py::handle ids_obj, py::handle target_obj, py::handle out_obj,
@@ -279,6 +311,10 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
         py::arg("errors") = 0, py::arg("stream") = 0,
         "filters (top-k, top-p, min-p) and then a draw, the renormalised probabilities, the masked logits or the "
         "softmax of each row");
+  m.def("softmax_rows", &softmax_rows, py::kw_only(), py::arg("logits"), py::arg("out"),
+        py::arg("temperature") = py::none(), py::arg("temperature_val") = 1.0, py::arg("errors") = 0,
+        py::arg("stream") = 0,
+        "softmax(logits / temperature) of each row in float32 (sample_rows' softmax output, fewer arguments)");
   m.def("chain_speculative", &chain_speculative, py::kw_only(), py::arg("draft_probs"), py::arg("draft_token_ids"),
         py::arg("target_probs"), py::arg("out_ids"), py::arg("accepted"), py::arg("emitted"), py::arg("seed") = 0,
         py::arg("offset") = 0, py::arg("seeds") = py::none(), py::arg("offsets") = py::none(), py::arg("errors") = 0,

@@ -16,7 +16,9 @@
 #
 # SOFTMAX_ONLY=1: softmax alone (its tests, its kernel's resource usage, float32 and bfloat16 at every
 # batch of its definition), then the host overhead per call on CUDA (benchmarks/host_overhead.py,
-# with --breakdown) into $OUT/host_overhead.jsonl. With FLASHINFER=1 FlashInfer's sampling module
+# with the rmsnorm and softmax breakdowns) into $OUT/host_overhead.jsonl, and the first call of
+# kiln.rmsnorm in fresh processes, cold and warm (benchmarks/compile_time.py) into
+# $OUT/compile_time.json. With FLASHINFER=1 FlashInfer's sampling module
 # compiles in the background from the start (at most FLASHINFER_WARM_S, default 300 s), and the
 # FlashInfer backend runs last if it finished.
 # SKIP_TESTS=1 / SKIP_BENCH=1 leave a step out; REPEATS (default 20) and TARGET_MS (default 1)
@@ -129,8 +131,21 @@ if [ -n "${SOFTMAX_ONLY:-}" ] && [ "$(left)" -gt 20 ]; then
   step "host overhead per call on CUDA"
   timeout "$(left)" python3 benchmarks/host_overhead.py --device cuda --out "$OUT/host_overhead.jsonl" 2>&1 \
     | tee -a "$OUT/steps.log"
-  timeout "$(left)" python3 benchmarks/host_overhead.py --device cuda --breakdown --out "$OUT/host_overhead.jsonl" \
-    2>&1 | tee -a "$OUT/steps.log"
+  for op in rmsnorm softmax; do
+    timeout "$(left)" python3 benchmarks/host_overhead.py --device cuda --breakdown "$op" \
+      --out "$OUT/host_overhead.jsonl" 2>&1 | tee -a "$OUT/steps.log"
+  done
+fi
+if [ -n "${SOFTMAX_ONLY:-}" ] && [ "$(left)" -gt 40 ]; then
+  step "first call in a fresh process: cold and warm (benchmarks/compile_time.py)"
+  timeout "$(left)" python3 benchmarks/compile_time.py --device cuda --out "$OUT/compile_time.json" \
+    >"$OUT/compile_time.log" 2>&1 || status=1
+  python3 - "$OUT/compile_time.json" <<'PY' 2>&1 | tee -a "$OUT/steps.log"
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"{r['module']}: cold first call {r['cold']['first_call_s']:.2f} s; warm first calls "
+      + ", ".join(f"{1e3 * w['first_call_s']:.1f} ms" for w in r["warm"]))
+PY
 fi
 step "done (status $status)"
 exit $status

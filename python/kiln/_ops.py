@@ -21,6 +21,7 @@ torch.inference_mode() or torch.no_grad() to silence it.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable
 
@@ -60,12 +61,27 @@ class KilnOp:
             logged_api(self.name, mutates=mutates)(fn)
         )
         self.op.register_fake(_nothing)
+        # the positions the schema declares as tensors: the grad check reads only those
+        self._tensor_args = _tensor_positions(fn)
 
     def __call__(self, *args, **kwargs) -> None:
         if torch.compiler.is_compiling():
             return self.op(*args, **kwargs)
-        inference_only(self.name, *args)
+        if torch.is_grad_enabled() and self.name not in _warned:
+            for i in self._tensor_args:
+                if i < len(args) and args[i] is not None and args[i].requires_grad:
+                    inference_only(self.name, args[i])
+                    break
+            else:
+                if kwargs:
+                    inference_only(self.name, *kwargs.values())
         return self.eager(*args, **kwargs)
+
+
+def _tensor_positions(fn: Callable) -> tuple[int, ...]:
+    """The indices of fn's parameters annotated torch.Tensor or torch.Tensor | None."""
+    params = inspect.signature(fn, eval_str=True).parameters.values()
+    return tuple(i for i, p in enumerate(params) if p.annotation in (torch.Tensor, torch.Tensor | None))
 
 
 def _nothing(*args, **kwargs) -> None:

@@ -54,10 +54,14 @@ LABEL = "//ops:norm"
 _NAMES = {"dtype": "input.dtype"}  # how a dispatch error names the argument
 
 
-def _check_tensors(api: str, **tensors) -> None:
-    for name, t in tensors.items():
+def _check_tensors(api: str, names: str, *tensors) -> None:
+    """Each of `tensors` is a torch.Tensor, else a TypeError naming it (`names`: theirs, comma-
+    separated; split only on failure: this runs on every call)."""
+    for t in tensors:
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{api}: {name} must be a torch.Tensor, got {type(t).__name__}")
+            for name, value in zip(names.split(", "), tensors, strict=True):
+                if not isinstance(value, torch.Tensor):
+                    raise TypeError(f"{api}: {name} must be a torch.Tensor, got {type(value).__name__}")
 
 
 @custom_op("rmsnorm", mutates=("out",))
@@ -117,7 +121,7 @@ def _layernorm_op(out: torch.Tensor, input: torch.Tensor, gemma: torch.Tensor, b
 
 
 def _rmsnorm(input, weight, eps, out, weight_offset, enable_pdl):
-    _check_tensors("kiln.rmsnorm", input=input, weight=weight)
+    _check_tensors("kiln.rmsnorm", "input, weight", input, weight)
     if out is None:
         out = torch.empty_like(input)
     _rmsnorm_op(out, input, weight, eps, weight_offset, _pdl.resolve(enable_pdl, input.device))
@@ -125,7 +129,7 @@ def _rmsnorm(input, weight, eps, out, weight_offset, enable_pdl):
 
 
 def _fused_add_rmsnorm(input, residual, weight, eps, weight_offset, enable_pdl):
-    _check_tensors("kiln.fused_add_rmsnorm", input=input, residual=residual, weight=weight)
+    _check_tensors("kiln.fused_add_rmsnorm", "input, residual, weight", input, residual, weight)
     _fused_add_rmsnorm_op(input, residual, weight, eps, weight_offset, _pdl.resolve(enable_pdl, input.device))
 
 
@@ -217,7 +221,7 @@ def rmsnorm_quant(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, 
         enable_pdl: as :func:`rmsnorm`.
     """
     api = "kiln.rmsnorm_quant"
-    _check_tensors(api, out=out, input=input, weight=weight)
+    _check_tensors(api, "out, input, weight", out, input, weight)
     scale_t, scale_v = _scale(api, scale, input)
     _rmsnorm_quant_op(out, input, weight, scale_t, scale_v, eps, _pdl.resolve(enable_pdl, input.device))
 
@@ -234,7 +238,7 @@ def fused_add_rmsnorm_quant(out: torch.Tensor, input: torch.Tensor, residual: to
     shape and dtype and must not overlap it or ``out``.
     """
     api = "kiln.fused_add_rmsnorm_quant"
-    _check_tensors(api, out=out, input=input, residual=residual, weight=weight)
+    _check_tensors(api, "out, input, residual, weight", out, input, residual, weight)
     scale_t, scale_v = _scale(api, scale, input)
     _fused_add_rmsnorm_quant_op(out, input, residual, weight, scale_t, scale_v, eps,
                                 _pdl.resolve(enable_pdl, input.device))
@@ -259,7 +263,7 @@ def layernorm(input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor,
     Returns:
         A new tensor of ``input``'s shape and dtype.
     """
-    _check_tensors("kiln.layernorm", input=input, gemma=gemma, beta=beta)
+    _check_tensors("kiln.layernorm", "input, gemma, beta", input, gemma, beta)
     out = torch.empty_like(input)
     _layernorm_op(out, input, gemma, beta, eps)
     return out
@@ -277,6 +281,6 @@ def layernorm_quant(out: torch.Tensor, input: torch.Tensor, gemma: torch.Tensor,
     :func:`rmsnorm_quant`.
     """
     api = "kiln.layernorm_quant"
-    _check_tensors(api, out=out, input=input, gemma=gemma, beta=beta)
+    _check_tensors(api, "out, input, gemma, beta", out, input, gemma, beta)
     scale_t, scale_v = _scale(api, scale, input)
     _layernorm_quant_op(out, input, gemma, beta, scale_t, scale_v, eps)

@@ -167,7 +167,8 @@ def llama31_smoothing(api: str, low_freq_factor: float, high_freq_factor: float,
 
 
 def _new(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    """A new contiguous tensor like t (empty_like: half the host cost of torch.empty(shape, ...))."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
 # ---- indptr / offsets ------------------------------------------------------------------------

@@ -40,7 +40,7 @@ drawn; a row with no valid entry draws -1 (`return_valid=True` reports it); logi
 the row's mass. check_nan=True raises ValueError before the launch when the input holds a NaN (one
 host synchronisation).
 
-Each function is a torch custom op (kiln::sampling_draw, kiln::sampling_transform,
+Each function is a torch custom op (kiln::sampling_draw, kiln::sampling_transform, kiln::softmax,
 kiln::chain_speculative_sampling) with a fake implementation; launches go to the caller's stream.
 """
 
@@ -147,6 +147,18 @@ def _transform_op(
     errors.after_launch(input.device)
 
 
+@custom_op("softmax", mutates=("out",))
+def _softmax_op(out: torch.Tensor, logits: torch.Tensor, temperature: torch.Tensor | None,
+                temperature_val: float) -> None:
+    # the binding's own softmax entry: six arguments where sample_rows has 21 (host cost per call)
+    mod = _module("kiln.softmax", logits, "logits")
+    dl = _jit.dl
+    t = None if temperature is None else dl(temperature)
+    mod.softmax_rows(logits=dl(logits), out=dl(out), temperature=t, temperature_val=temperature_val,
+                     errors=errors.record_address(logits.device), stream=_jit.stream_of(logits.device))
+    errors.after_launch(logits.device)
+
+
 @custom_op("chain_speculative_sampling", mutates=("out_ids", "accepted", "emitted"))
 def _speculative_op(
     out_ids: torch.Tensor,
@@ -178,6 +190,12 @@ def _speculative_op(
         stream=_jit.stream_of(draft_probs.device),
     )
     errors.after_launch(draft_probs.device)
+
+
+def _float_rows_like(x: torch.Tensor) -> torch.Tensor:
+    """A new contiguous float32 tensor of x's shape on its device (empty_like: half the host cost of
+    torch.empty with a shape, dtype and device)."""
+    return torch.empty_like(x, dtype=torch.float32, memory_format=torch.contiguous_format)
 
 
 # --- argument checks ----------------------------------------------------------------------------
@@ -377,8 +395,8 @@ def softmax(
             api, "temperature", temperature, x.shape[0], x.device, None, 0.0, float("inf"), lo_open=True
         )
     )
-    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    _transform_op(out, x, "softmax", t_t, t_v, None, 0, None, 1.0)
+    out = _float_rows_like(x)
+    _softmax_op(out, x, t_t, t_v)
     return out
 
 
@@ -594,7 +612,7 @@ def top_k_renorm_probs(probs: torch.Tensor, top_k: PerRowInt, is_deterministic: 
     api = "kiln.top_k_renorm_probs"
     x = _rows_input(api, probs, "probs", probs=True)
     k_t, k_v = _per_row(api, "top_k", top_k, x.shape[0], x.device, None, 1, 2**62, integer=True)
-    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    out = _float_rows_like(x)
     _transform_op(out, x, "probs", None, 1.0, k_t, k_v, None, 1.0)
     return out
 
@@ -608,7 +626,7 @@ def top_p_renorm_probs(
     api = "kiln.top_p_renorm_probs"
     x = _rows_input(api, probs, "probs", probs=True)
     p_t, p_v = _per_row(api, "top_p", top_p, x.shape[0], x.device, None, 0.0, 1.0, lo_open=True)
-    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    out = _float_rows_like(x)
     _transform_op(out, x, "probs", None, 1.0, None, 0, p_t, p_v)
     return out
 

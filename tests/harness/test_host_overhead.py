@@ -24,7 +24,16 @@ def test_the_python_call_path_stays_within_a_ratio_of_torch():
 
 
 def test_the_breakdown_times_each_layer_of_the_call_path_and_the_layers_nest():
-    rows = dict(breakdown("cpu", calls=300, reps=3, hidden=64))
+    rows = {name: us for name, us, _ in breakdown("cpu", calls=300, reps=3, hidden=64)}
     assert list(rows)[:2] == ["torch F.rms_norm", "kiln.rmsnorm"] and all(us > 0 for us in rows.values())
     # the public call contains the binding call, which contains its capsules: each costs more
     assert rows["kiln.rmsnorm"] > rows["binding call (capsules, stream)"] > rows["3 x _jit.dl"]
+
+
+def test_softmax_has_a_breakdown_too_and_issue_times_are_reported():
+    rows = breakdown("cpu", calls=300, reps=3, hidden=64, op="softmax")
+    per_call = {name: us for name, us, _ in rows}
+    assert list(per_call)[:2] == ["torch.softmax", "kiln.softmax"]
+    binding = per_call["binding softmax_rows (capsules, stream)"]
+    assert per_call["kiln.softmax"] > binding > per_call["2 x _jit.dl"]
+    assert all(issue > 0 for _, _, issue in rows)

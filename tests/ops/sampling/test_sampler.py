@@ -552,7 +552,7 @@ def test_torch_compile_fullgraph():
         renorm = kiln.top_p_renorm_probs(kiln.top_k_renorm_probs(probs, 10), 0.8)
         return kiln.sampling_from_probs(renorm, seed=3), kiln.top_k_top_p_sampling_from_logits(
             logits, 5, 0.9, seed=4
-        )
+        ), kiln.softmax(logits, 0.7)
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     for a, b in zip(compiled(probs, logits), step(probs, logits), strict=True):
@@ -581,6 +581,7 @@ def test_custom_ops_have_fake_implementations():
     torch.ops.kiln.sampling_transform(
         torch.empty((3, 8), device="meta"), m, "probs", None, 1.0, None, 3, None, 1.0
     )
+    torch.ops.kiln.softmax(torch.empty((3, 8), device="meta"), m, None, 1.0)
 
 
 # --- CUDA against the host backend --------------------------------------------------------------
