@@ -126,10 +126,11 @@ def _rmsnorm_layers(dev: torch.device, hidden: int) -> list[tuple[str, Callable]
     torch.testing.assert_close(kiln.rmsnorm(x, w, 1e-6), F.rms_norm(x, (hidden,), w, 1e-6),
                                rtol=1e-4, atol=1e-4)
 
-    def binding():
+    def binding(out=out, x=x):
         mod.rmsnorm(out=_jit.dl(out), input=_jit.dl(x), weight=_jit.dl(w), eps=1e-6, weight_offset=0.0,
                     pdl=pdl, stream=_jit.stream_of(dev))
 
+    x0, out0 = x[:0], out[:0]
     return [
         ("torch F.rms_norm", lambda: F.rms_norm(x, (hidden,), w, 1e-6)),
         ("kiln.rmsnorm", lambda: kiln.rmsnorm(x, w, 1e-6)),
@@ -138,6 +139,7 @@ def _rmsnorm_layers(dev: torch.device, hidden: int) -> list[tuple[str, Callable]
         ("norm._rmsnorm_op (launcher, out given)", lambda: norm._rmsnorm_op(out, x, w, 1e-6, 0.0, pdl)),
         ("launcher body: module + binding", lambda: norm._rmsnorm_op.eager(out, x, w, 1e-6, 0.0, pdl)),
         ("binding call (capsules, stream)", binding),
+        ("binding call, 0 rows: all but the launch", lambda: binding(out0, x0)),
         ("binding call, pdl=False", lambda: mod.rmsnorm(out=_jit.dl(out), input=_jit.dl(x), weight=_jit.dl(w),
                                                         eps=1e-6, weight_offset=0.0, pdl=False,
                                                         stream=_jit.stream_of(dev))),
@@ -147,6 +149,7 @@ def _rmsnorm_layers(dev: torch.device, hidden: int) -> list[tuple[str, Callable]
         ("_jit.stream_of", lambda: _jit.stream_of(dev)),
         ("_pdl.resolve", lambda: _pdl.resolve(None, dev)),
         ("torch.empty_like", lambda: torch.empty_like(x)),
+        *_bare_launch(dev),
     ]
 
 
@@ -158,9 +161,11 @@ def _softmax_layers(dev: torch.device, hidden: int) -> list[tuple[str, Callable]
     mod = sampling._module("kiln.softmax", x, "logits")
     torch.testing.assert_close(kiln.softmax(x), torch.softmax(x, -1), rtol=1e-6, atol=1e-6)
 
-    def binding():
+    def binding(out=out, x=x):
         mod.softmax_rows(logits=_jit.dl(x), out=_jit.dl(out), temperature=None, temperature_val=1.0,
                          errors=errors.record_address(dev), stream=_jit.stream_of(dev))
+
+    x0, out0 = x[:0], out[:0]
 
     def sample_rows():  # the general entry (21 arguments) the softmax used before its own
         mod.sample_rows(input=_jit.dl(x), output=mod.outputs["softmax"], order=mod.orders["top_k_first"],
@@ -174,6 +179,7 @@ def _softmax_layers(dev: torch.device, hidden: int) -> list[tuple[str, Callable]
         ("sampling._softmax_op (launcher, out given)", lambda: sampling._softmax_op(out, x, None, 1.0)),
         ("launcher body: module + binding", lambda: sampling._softmax_op.eager(out, x, None, 1.0)),
         ("binding softmax_rows (capsules, stream)", binding),
+        ("binding softmax_rows, 0 rows: all but the launch", lambda: binding(out0, x0)),
         ("binding sample_rows, the same softmax", sample_rows),
         ("_module lookup", lambda: sampling._module("kiln.softmax", x, "logits")),
         ("2 x _jit.dl", lambda: (_jit.dl(out), _jit.dl(x))),
@@ -181,7 +187,15 @@ def _softmax_layers(dev: torch.device, hidden: int) -> list[tuple[str, Callable]
         ("errors.after_launch", lambda: errors.after_launch(dev)),
         ("_rows_input", lambda: sampling._rows_input("kiln.softmax", x, "logits", probs=False)),
         ("float32 output (empty_like)", lambda: sampling._float_rows_like(x)),
+        *_bare_launch(dev),
     ]
+
+
+def _bare_launch(dev: torch.device) -> list[tuple[str, Callable]]:
+    """On CUDA, the floor of any launch from Python: torch's one-kernel spin of zero cycles."""
+    if dev.type != "cuda":
+        return []
+    return [("torch.cuda._sleep(0): one bare launch", lambda: torch.cuda._sleep(0))]
 
 
 BREAKDOWNS = {"rmsnorm": _rmsnorm_layers, "softmax": _softmax_layers}
