@@ -40,6 +40,7 @@ class DeviceIndexError(IndexError):
 
 
 _records: dict[torch.device, torch.Tensor] = {}
+_addresses: dict[torch.device, int] = {}  # record_address's answers, by the device it was asked for
 _lock = threading.Lock()
 _texts: dict[int, str] = {}
 
@@ -56,8 +57,12 @@ def record_address(device: torch.device) -> int:
     backend raises instead). Allocated zeroed on first use, outside the pool of a CUDA graph being
     warmed up (kiln's first call may be in one: kiln/_persistent.py); fixed afterwards (CUDA
     graphs)."""
+    address = _addresses.get(device)  # every launch asks: one lookup once the record exists
+    if address is not None:
+        return address
     if device.type != "cuda":
         return 0
+    key = device
     record = _records.get(device)
     if record is None:
         device = _device(device)
@@ -67,7 +72,8 @@ def record_address(device: torch.device) -> int:
                                                    device=device)
             with _lock:
                 record = _records.setdefault(device, made)
-    return record.data_ptr()
+    address = _addresses[key] = record.data_ptr()  # the record never moves (kept in _records)
+    return address
 
 
 def learn_texts(module) -> None:
