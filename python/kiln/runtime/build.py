@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cache, env, metadata, ninja, resources, sources, triton_build
+from . import cache, env, metadata, sources
 from .arch import Arch, ArchContext
 from .files import write_atomic, write_if_different
 from .key import KEY_FORMAT, Dep, action_key, collect_deps, file_digest, spec_key
@@ -245,6 +245,8 @@ def generate_sources(spec: CompileSpec, gen_dir: Path, workspace: Workspace) -> 
 
 
 def write_manifest(p: BuildPlan, build_dir: Path) -> Path:
+    from . import ninja, resources  # the compile side, imported when something compiles
+
     if p.toolchain_problem:
         raise ToolchainError(f"no build manifest for {p.describe()}: {p.toolchain_problem}")
     threads = resources.estimate_jobs(p.spec.toolchain).nvcc_threads
@@ -274,6 +276,8 @@ def compile_plan(p: BuildPlan, *, key_dir: Path | None = None, jobs: int | None 
 
 
 def _compile(p: BuildPlan, key_dir: Path, jobs: int | None, quiet: bool) -> metadata.Metadata:
+    from . import ninja, resources
+
     if p.spec.toolchain == "triton":
         return _compile_triton(p, key_dir, quiet)
     log = logger()
@@ -323,6 +327,8 @@ def _compile(p: BuildPlan, key_dir: Path, jobs: int | None, quiet: bool) -> meta
 def triton_commands(p: BuildPlan) -> list[str]:
     """What compiling a triton plan runs: the child's command line, then one triton.compile per
     kernel and arch (for `explain`)."""
+    from . import triton_build
+
     out = [f"python -m kiln.runtime.triton_build {p.key_dir / 'build' / 'request.json'}"
            f"  (TRITON_CACHE_DIR={p.key_dir / 'build' / 'triton-cache'})"]
     for k in p.spec.kernels:
@@ -338,6 +344,8 @@ def _compile_triton(p: BuildPlan, key_dir: Path, quiet: bool) -> metadata.Metada
     """Compile every kernel of a triton module for every arch of `p` (runtime/triton_build.py)
     and publish: each cubin under a name of its action key, then the launch metadata of all of
     them (the module's "library"), then metadata.json, the commit marker, last."""
+    from . import triton_build
+
     log = logger()
     key_dir = p.workspace.ensure(key_dir)
     build_dir = key_dir / "build"

@@ -30,7 +30,6 @@ from .lock import ModuleLock
 from .log import logger
 from .spec import CompileSpec
 from .toolchain import ToolchainError
-from .triton_module import TritonLoadError, TritonModule
 from .workspace import Workspace, WorkspaceError
 
 BUILD_COMMAND = "python -m kiln.codegen build"  # works wherever kiln is installed (also: kiln-build)
@@ -89,8 +88,18 @@ def check(p: BuildPlan) -> tuple[metadata.Metadata | None, str | None]:
     return entry.md, entry.reason
 
 
+def _triton_load_error() -> type[Exception]:
+    """triton_module.TritonLoadError, imported only when a load has failed (the except clause
+    evaluates this then), so a process that loads no triton module never imports the loader."""
+    from .triton_module import TritonLoadError
+
+    return TritonLoadError
+
+
 def _load_published(p: BuildPlan, md: metadata.Metadata, key_dir: Path) -> ModuleType:
     if p.spec.toolchain == "triton":  # the cubins and their launch metadata, verified; no import
+        from .triton_module import TritonModule  # (imported by the first triton load only)
+
         module = TritonModule.from_slot(p.spec.name, key_dir, md.library)
         logger().debug("kiln: loaded %s from %s", p.describe(), key_dir / md.library)
         return module
@@ -131,7 +140,7 @@ def _load_uncached(p: BuildPlan) -> ModuleType:
             break
         try:
             module = _load_published(p, entry.md, p.key_dir)
-        except (ImportError, TritonLoadError, FileNotFoundError):
+        except (ImportError, FileNotFoundError, _triton_load_error()):
             # Another process's rebuild may have superseded the library between verifying and
             # loading it: verify again, once. Anything else is a real error.
             if attempt or (p.key_dir / entry.md.library).exists():

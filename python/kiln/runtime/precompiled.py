@@ -34,17 +34,24 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
-from . import artifacts, download, env, manifest, sources
+from . import env, sources
 from .arch import ArchError, format_arch_list, parse_arch, uncovered
-from .artifacts import ArtifactError, ReleaseId
 from .files import check_not_replaceable
 from .key import file_digest
 from .loader import import_library
 from .log import logger
-from .manifest import Manifest, ModuleEntry
-from .triton_module import TritonModule
 from .workspace import Workspace
+
+if TYPE_CHECKING:
+    from .artifacts import ReleaseId
+    from .manifest import Manifest, ModuleEntry
+
+# The release tooling (artifacts, download, manifest) and the triton loader are imported by the
+# functions that use them: a process with no precompiled package, artifact directory, download
+# cache or repository (the usual warm start from the disk cache) never needs them, and importing
+# them was a sixth of a warm first call.
 
 ENTRY_POINT_GROUP = "kiln.precompiled"
 # Compared when KILN_SKIP_VERSION_CHECK=1 loads a module of another version: what it is and how it
@@ -153,6 +160,8 @@ def _match(m: Manifest, plan, where: str, compat: bool,
 
 def _verified_path(root: Path, entry: ModuleEntry, where: str, trust_root: Path, fix: str) -> Path:
     """The entry's file below `root`, after the path, ownership and checksum checks."""
+    from . import artifacts, download, manifest
+
     try:
         path = manifest.resolve_inside(root, entry.file, where)
     except FileNotFoundError as e:
@@ -197,6 +206,8 @@ def _covers(rid: ReleaseId, plan) -> bool:
 
 def _from_directory(root: Path, label: str, plan, searched: list[str],
                     tolerate_corrupt: bool = False) -> Found | None:
+    from . import artifacts
+
     version, abi = sources.kiln_version(), sources.python_abi()
     releases = [r for r in artifacts.local_releases(root, version, abi) if _covers(r, plan)]
     if not releases:
@@ -222,6 +233,9 @@ def _from_directory(root: Path, label: str, plan, searched: list[str],
 
 
 def _from_package(pkg: Package, plan, searched: list[str]) -> Found | None:
+    from . import artifacts, manifest
+    from .artifacts import ReleaseId
+
     path = pkg.directory / manifest.MANIFEST
     try:
         m, digest = manifest.read(path)
@@ -261,6 +275,9 @@ def _from_package(pkg: Package, plan, searched: list[str]) -> Found | None:
 
 
 def _from_repository(repository: str, plan, searched: list[str]) -> Found | None:
+    from . import artifacts, download
+    from .artifacts import ArtifactError, ReleaseId
+
     version, abi = sources.kiln_version(), sources.python_abi()
     releases = [r for r in artifacts.pinned_releases(version, abi) if _covers(r, plan)]
     if not artifacts.verifying():  # no pins needed: also try the tag of the plan's own archs
@@ -317,7 +334,7 @@ def find(plan, download: bool = True) -> tuple[Found | None, str]:
     if not packages:
         searched.append("no precompiled package installed")
     repository = env.get("KILN_ARTIFACT_REPOSITORY")
-    cache = artifacts.cache_root()
+    cache = Workspace.current().downloads  # artifacts.cache_root(), without importing artifacts
     if cache.is_dir():
         # A missing or corrupt cached file is fetched again by the repository step, if any.
         found = _from_directory(cache, "download cache", plan, searched,
@@ -348,6 +365,8 @@ def lookup(plan) -> tuple[ModuleType | None, str]:
             "deliberate, diagnosed mixed-version experiment.", entry.module,
             entry.kiln_version, sources.kiln_version(), found.where)
     if plan.spec.toolchain == "triton":  # a triton bundle (runtime/triton_module.py)
+        from .triton_module import TritonModule
+
         module = TritonModule.from_bundle(plan.name, found.path)
     else:
         module = import_library(plan.name, found.path)
