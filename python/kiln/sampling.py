@@ -118,14 +118,13 @@ def _transform_op(
     out: torch.Tensor,
     input: torch.Tensor,
     output: str,
-    temperature: torch.Tensor | None,
-    temperature_val: float,
     top_k: torch.Tensor | None,
     top_k_val: int,
     top_p: torch.Tensor | None,
     top_p_val: float,
 ) -> None:
-    logits = output in ("softmax", "masked_logits")
+    # the renormalised probabilities or the masked logits (softmax has its own op, _softmax_op)
+    logits = output == "masked_logits"
     mod = _module("kiln.sampling", input, "logits" if logits else "probs")
     dl = _jit.dl
     opt = lambda t: None if t is None else dl(t)  # noqa: E731
@@ -134,8 +133,6 @@ def _transform_op(
         output=mod.outputs[output],
         order=mod.orders["top_k_first"],
         logits=logits,
-        temperature=opt(temperature),
-        temperature_val=temperature_val,
         top_k=opt(top_k),
         top_k_val=top_k_val,
         top_p=opt(top_p),
@@ -613,7 +610,7 @@ def top_k_renorm_probs(probs: torch.Tensor, top_k: PerRowInt, is_deterministic: 
     x = _rows_input(api, probs, "probs", probs=True)
     k_t, k_v = _per_row(api, "top_k", top_k, x.shape[0], x.device, None, 1, 2**62, integer=True)
     out = _float_rows_like(x)
-    _transform_op(out, x, "probs", None, 1.0, k_t, k_v, None, 1.0)
+    _transform_op(out, x, "probs", k_t, k_v, None, 1.0)
     return out
 
 
@@ -627,7 +624,7 @@ def top_p_renorm_probs(
     x = _rows_input(api, probs, "probs", probs=True)
     p_t, p_v = _per_row(api, "top_p", top_p, x.shape[0], x.device, None, 0.0, 1.0, lo_open=True)
     out = _float_rows_like(x)
-    _transform_op(out, x, "probs", None, 1.0, None, 0, p_t, p_v)
+    _transform_op(out, x, "probs", None, 0, p_t, p_v)
     return out
 
 
@@ -645,7 +642,7 @@ def top_k_mask_logits(logits: torch.Tensor, top_k: PerRowInt) -> torch.Tensor:
     x = _rows_input(api, logits, "logits", probs=False)
     k_t, k_v = _per_row(api, "top_k", top_k, x.shape[0], x.device, None, 1, 2**62, integer=True)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    _transform_op(out, x, "masked_logits", None, 1.0, k_t, k_v, None, 1.0)
+    _transform_op(out, x, "masked_logits", k_t, k_v, None, 1.0)
     return out
 
 

@@ -579,7 +579,7 @@ def test_custom_ops_have_fake_implementations():
         None,
     )
     torch.ops.kiln.sampling_transform(
-        torch.empty((3, 8), device="meta"), m, "probs", None, 1.0, None, 3, None, 1.0
+        torch.empty((3, 8), device="meta"), m, "probs", None, 3, None, 1.0
     )
     torch.ops.kiln.softmax(torch.empty((3, 8), device="meta"), m, None, 1.0)
 
