@@ -122,13 +122,12 @@ def _rmsnorm_layers(dev: torch.device, hidden: int) -> list[tuple[str, Callable]
     x = torch.randn(1, hidden, device=dev)
     w, out = torch.randn(hidden, device=dev), torch.empty(1, hidden, device=dev)
     pdl = _pdl.resolve(None, dev)
-    mod = _jit.module(norm.LABEL, dev, "kiln.rmsnorm", dtype=x.dtype, names=norm._NAMES)
+    mod = norm._MODULES.get("kiln.rmsnorm", dev, x.dtype)
     torch.testing.assert_close(kiln.rmsnorm(x, w, 1e-6), F.rms_norm(x, (hidden,), w, 1e-6),
                                rtol=1e-4, atol=1e-4)
 
-    def binding(out=out, x=x):
-        mod.rmsnorm(out=_jit.dl(out), input=_jit.dl(x), weight=_jit.dl(w), eps=1e-6, weight_offset=0.0,
-                    pdl=pdl, stream=_jit.stream_of(dev))
+    def binding(out=out, x=x):  # by position, as the launcher calls it
+        mod.rmsnorm(_jit.dl(out), _jit.dl(x), _jit.dl(w), 1e-6, 0.0, pdl, _jit.stream_of(dev))
 
     x0, out0 = x[:0], out[:0]
     return [
@@ -140,11 +139,14 @@ def _rmsnorm_layers(dev: torch.device, hidden: int) -> list[tuple[str, Callable]
         ("launcher body: module + binding", lambda: norm._rmsnorm_op.eager(out, x, w, 1e-6, 0.0, pdl)),
         ("binding call (capsules, stream)", binding),
         ("binding call, 0 rows: all but the launch", lambda: binding(out0, x0)),
-        ("binding call, pdl=False", lambda: mod.rmsnorm(out=_jit.dl(out), input=_jit.dl(x), weight=_jit.dl(w),
-                                                        eps=1e-6, weight_offset=0.0, pdl=False,
-                                                        stream=_jit.stream_of(dev))),
-        ("_jit.module lookup", lambda: _jit.module(norm.LABEL, dev, "kiln.rmsnorm", dtype=x.dtype,
-                                                   names=norm._NAMES)),
+        ("binding call, pdl=False", lambda: mod.rmsnorm(_jit.dl(out), _jit.dl(x), _jit.dl(w), 1e-6, 0.0,
+                                                        False, _jit.stream_of(dev))),
+        ("binding call by keyword (pybind11 matches 7 names)",
+         lambda: mod.rmsnorm(out=_jit.dl(out), input=_jit.dl(x), weight=_jit.dl(w), eps=1e-6,
+                             weight_offset=0.0, pdl=pdl, stream=_jit.stream_of(dev))),
+        ("module lookup (_jit.Modules.get)", lambda: norm._MODULES.get("kiln.rmsnorm", dev, x.dtype)),
+        ("module lookup by keywords (_jit.module)",
+         lambda: _jit.module(norm.LABEL, dev, "kiln.rmsnorm", dtype=x.dtype, names={"dtype": "input.dtype"})),
         ("3 x _jit.dl", lambda: (_jit.dl(out), _jit.dl(x), _jit.dl(w))),
         ("_jit.stream_of", lambda: _jit.stream_of(dev)),
         ("_pdl.resolve", lambda: _pdl.resolve(None, dev)),
@@ -158,12 +160,11 @@ def _softmax_layers(dev: torch.device, hidden: int) -> list[tuple[str, Callable]
 
     x = torch.randn(1, hidden, device=dev)
     out = torch.empty(1, hidden, device=dev)
-    mod = sampling._module("kiln.softmax", x, "logits")
+    mod = sampling._SOFTMAX_MODULES.get("kiln.softmax", dev, x.dtype)
     torch.testing.assert_close(kiln.softmax(x), torch.softmax(x, -1), rtol=1e-6, atol=1e-6)
 
-    def binding(out=out, x=x):
-        mod.softmax_rows(logits=_jit.dl(x), out=_jit.dl(out), temperature=None, temperature_val=1.0,
-                         errors=errors.record_address(dev), stream=_jit.stream_of(dev))
+    def binding(out=out, x=x):  # by position, as the launcher calls it
+        mod.softmax_rows(_jit.dl(x), _jit.dl(out), None, 1.0, errors.record_address(dev), _jit.stream_of(dev))
 
     x0, out0 = x[:0], out[:0]
 
@@ -181,7 +182,8 @@ def _softmax_layers(dev: torch.device, hidden: int) -> list[tuple[str, Callable]
         ("binding softmax_rows (capsules, stream)", binding),
         ("binding softmax_rows, 0 rows: all but the launch", lambda: binding(out0, x0)),
         ("binding sample_rows, the same softmax", sample_rows),
-        ("_module lookup", lambda: sampling._module("kiln.softmax", x, "logits")),
+        ("module lookup (_jit.Modules.get)",
+         lambda: sampling._SOFTMAX_MODULES.get("kiln.softmax", dev, x.dtype)),
         ("2 x _jit.dl", lambda: (_jit.dl(out), _jit.dl(x))),
         ("errors.record_address", lambda: errors.record_address(dev)),
         ("errors.after_launch", lambda: errors.after_launch(dev)),

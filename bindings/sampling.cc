@@ -1,11 +1,13 @@
 // //ops:sampling launcher: validates the tensors, prepares the parameters and calls the backend's
 // entry points (ops/sampling/sampling.h) on the caller's stream. Compiled by the host compiler for
-// both toolchains; only this layer knows Python. Arguments are keyword-only.
+// both toolchains; only this layer knows Python. Arguments are keyword-only, but softmax_rows'
+// (by position or keyword: its Python launcher passes them by position, as pybind11 matches each
+// keyword by name on every call).
 //
 //   sample_rows(*, input, output, order, logits, indices=None, temperature=None, temperature_val=1,
 //               top_k=None, top_k_val=0, top_p=None, top_p_val=1, min_p=None, min_p_val=0,
 //               seed=0, offset=0, seeds=None, offsets=None, samples=None, out=None, errors=0, stream=0)
-//   softmax_rows(*, logits, out, temperature=None, temperature_val=1, errors=0, stream=0)
+//   softmax_rows(logits, out, temperature=None, temperature_val=1, errors=0, stream=0)
 //   chain_speculative(*, draft_probs, draft_token_ids, target_probs, out_ids, accepted, emitted,
 //                     seed=0, offset=0, seeds=None, offsets=None, errors=0, stream=0)
 //
@@ -311,9 +313,8 @@ PYBIND11_MODULE(KILN_MODULE_NAME, m) {
         py::arg("errors") = 0, py::arg("stream") = 0,
         "filters (top-k, top-p, min-p) and then a draw, the renormalised probabilities, the masked logits or the "
         "softmax of each row");
-  m.def("softmax_rows", &softmax_rows, py::kw_only(), py::arg("logits"), py::arg("out"),
-        py::arg("temperature") = py::none(), py::arg("temperature_val") = 1.0, py::arg("errors") = 0,
-        py::arg("stream") = 0,
+  m.def("softmax_rows", &softmax_rows, py::arg("logits"), py::arg("out"), py::arg("temperature") = py::none(),
+        py::arg("temperature_val") = 1.0, py::arg("errors") = 0, py::arg("stream") = 0,
         "softmax(logits / temperature) of each row in float32 (sample_rows' softmax output, fewer arguments)");
   m.def("chain_speculative", &chain_speculative, py::kw_only(), py::arg("draft_probs"), py::arg("draft_token_ids"),
         py::arg("target_probs"), py::arg("out_ids"), py::arg("accepted"), py::arg("emitted"), py::arg("seed") = 0,

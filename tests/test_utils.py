@@ -35,3 +35,17 @@ def test_the_local_gpu_has_pdl_from_sm90():
     assert utils.device_support_pdl(device) is (major >= 9)
     assert utils.use_pdl(None, device) is (major >= 9) and utils.use_pdl(False, device) is False
     assert utils.is_sm90a_supported(device) is ((major, minor) == (9, 0))
+
+
+def test_modules_by_position_are_module_s_and_say_which_argument_is_wrong():
+    """_jit.Modules (the hot call sites' lookup by position) returns module()'s module and, for a
+    dtype the target lacks, module()'s error naming the argument."""
+    from kiln import _jit
+
+    rows = _jit.Modules("//ops:norm", "dtype", names={"dtype": "input.dtype"})
+    cpu = torch.device("cpu")
+    found = rows.get("kiln.rmsnorm", cpu, torch.float32)
+    assert found is _jit.module("//ops:norm", cpu, "kiln.rmsnorm", dtype=torch.float32)
+    assert rows.get("kiln.rmsnorm", cpu, torch.float32) is found
+    with pytest.raises(TypeError, match=r"kiln.rmsnorm: input.dtype int32 is not supported; supported dtypes"):
+        rows.get("kiln.rmsnorm", cpu, torch.int32)

@@ -26,14 +26,14 @@ from .trace import activation as activation_traces
 from .trace import traced
 
 LABEL = "//ops:activation"
-_NAMES = {"dtype": "input.dtype"}
+_MODULES = _jit.Modules(LABEL, "dtype", names={"dtype": "input.dtype"})
 
 
 @custom_op("act_and_mul", mutates=("out",))
 def _act_and_mul_op(out: torch.Tensor, input: torch.Tensor, act: str, pdl: bool) -> None:
-    mod = _jit.module(LABEL, input.device, f"kiln.{act}_and_mul", dtype=input.dtype, names=_NAMES)
-    mod.act_and_mul(out=_jit.dl(out), input=_jit.dl(input), act=mod.acts[act], pdl=pdl,
-                    stream=_jit.stream_of(input.device))
+    mod = _MODULES.get(f"kiln.{act}_and_mul", input.device, input.dtype)
+    # the binding's arguments by position: (out, input, act, pdl, stream)
+    mod.act_and_mul(_jit.dl(out), _jit.dl(input), mod.acts[act], pdl, _jit.stream_of(input.device))
 
 
 def _act_and_mul(act: str, input, out, enable_pdl):

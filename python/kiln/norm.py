@@ -51,7 +51,7 @@ from .trace import norm as norm_traces
 from .trace import traced
 
 LABEL = "//ops:norm"
-_NAMES = {"dtype": "input.dtype"}  # how a dispatch error names the argument
+_MODULES = _jit.Modules(LABEL, "dtype", names={"dtype": "input.dtype"})  # names: as an error says it
 
 
 def _check_tensors(api: str, names: str, *tensors) -> None:
@@ -67,17 +67,18 @@ def _check_tensors(api: str, names: str, *tensors) -> None:
 @custom_op("rmsnorm", mutates=("out",))
 def _rmsnorm_op(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, eps: float,
                 weight_offset: float, pdl: bool) -> None:
-    mod = _jit.module(LABEL, input.device, "kiln.rmsnorm", dtype=input.dtype, names=_NAMES)
-    mod.rmsnorm(out=_jit.dl(out), input=_jit.dl(input), weight=_jit.dl(weight), eps=eps,
-                weight_offset=weight_offset, pdl=pdl, stream=_jit.stream_of(input.device))
+    mod = _MODULES.get("kiln.rmsnorm", input.device, input.dtype)
+    dl = _jit.dl  # the binding's arguments by position (out, input, weight, eps, weight_offset, pdl, stream)
+    mod.rmsnorm(dl(out), dl(input), dl(weight), eps, weight_offset, pdl, _jit.stream_of(input.device))
 
 
 @custom_op("fused_add_rmsnorm", mutates=("input", "residual"))
 def _fused_add_rmsnorm_op(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                           eps: float, weight_offset: float, pdl: bool) -> None:
-    mod = _jit.module(LABEL, input.device, "kiln.fused_add_rmsnorm", dtype=input.dtype, names=_NAMES)
-    mod.fused_add_rmsnorm(input=_jit.dl(input), residual=_jit.dl(residual), weight=_jit.dl(weight),
-                          eps=eps, weight_offset=weight_offset, pdl=pdl, stream=_jit.stream_of(input.device))
+    mod = _MODULES.get("kiln.fused_add_rmsnorm", input.device, input.dtype)
+    dl = _jit.dl  # (input, residual, weight, eps, weight_offset, pdl, stream)
+    mod.fused_add_rmsnorm(dl(input), dl(residual), dl(weight), eps, weight_offset, pdl,
+                          _jit.stream_of(input.device))
 
 
 def _dl_or_none(t: torch.Tensor | None):
@@ -87,7 +88,7 @@ def _dl_or_none(t: torch.Tensor | None):
 @custom_op("rmsnorm_quant", mutates=("out",))
 def _rmsnorm_quant_op(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
                       scale: torch.Tensor | None, scale_value: float, eps: float, pdl: bool) -> None:
-    mod = _jit.module(LABEL, input.device, "kiln.rmsnorm_quant", dtype=input.dtype, names=_NAMES)
+    mod = _MODULES.get("kiln.rmsnorm_quant", input.device, input.dtype)
     mod.rmsnorm_quant(out=_jit.dl(out), input=_jit.dl(input), weight=_jit.dl(weight),
                       scale=_dl_or_none(scale), scale_value=scale_value, eps=eps, pdl=pdl,
                       stream=_jit.stream_of(input.device))
@@ -97,7 +98,7 @@ def _rmsnorm_quant_op(out: torch.Tensor, input: torch.Tensor, weight: torch.Tens
 def _fused_add_rmsnorm_quant_op(out: torch.Tensor, input: torch.Tensor, residual: torch.Tensor,
                                 weight: torch.Tensor, scale: torch.Tensor | None, scale_value: float,
                                 eps: float, pdl: bool) -> None:
-    mod = _jit.module(LABEL, input.device, "kiln.fused_add_rmsnorm_quant", dtype=input.dtype, names=_NAMES)
+    mod = _MODULES.get("kiln.fused_add_rmsnorm_quant", input.device, input.dtype)
     mod.fused_add_rmsnorm_quant(out=_jit.dl(out), input=_jit.dl(input), residual=_jit.dl(residual),
                                 weight=_jit.dl(weight), scale=_dl_or_none(scale), scale_value=scale_value,
                                 eps=eps, pdl=pdl, stream=_jit.stream_of(input.device))
@@ -106,7 +107,7 @@ def _fused_add_rmsnorm_quant_op(out: torch.Tensor, input: torch.Tensor, residual
 @custom_op("layernorm_quant", mutates=("out",))
 def _layernorm_quant_op(out: torch.Tensor, input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor,
                         scale: torch.Tensor | None, scale_value: float, eps: float) -> None:
-    mod = _jit.module(LABEL, input.device, "kiln.layernorm_quant", dtype=input.dtype, names=_NAMES)
+    mod = _MODULES.get("kiln.layernorm_quant", input.device, input.dtype)
     mod.layernorm_quant(out=_jit.dl(out), input=_jit.dl(input), gemma=_jit.dl(gemma), beta=_jit.dl(beta),
                         scale=_dl_or_none(scale), scale_value=scale_value, eps=eps,
                         stream=_jit.stream_of(input.device))
@@ -115,7 +116,7 @@ def _layernorm_quant_op(out: torch.Tensor, input: torch.Tensor, gemma: torch.Ten
 @custom_op("layernorm", mutates=("out",))
 def _layernorm_op(out: torch.Tensor, input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor,
                   eps: float) -> None:
-    mod = _jit.module(LABEL, input.device, "kiln.layernorm", dtype=input.dtype, names=_NAMES)
+    mod = _MODULES.get("kiln.layernorm", input.device, input.dtype)
     mod.layernorm(out=_jit.dl(out), input=_jit.dl(input), gemma=_jit.dl(gemma), beta=_jit.dl(beta), eps=eps,
                   stream=_jit.stream_of(input.device))
 

@@ -55,37 +55,36 @@ from .trace import traced
 
 LABEL = "//ops:rope"
 _NAMES = {"dtype": "q.dtype"}
+_MODULES = _jit.Modules(LABEL, "dtype", names=_NAMES)
 
 
 def _module(api: str, q: torch.Tensor):
-    return _jit.module(LABEL, q.device, api, dtype=q.dtype, names=_NAMES)
+    return _MODULES.get(api, q.device, q.dtype)
 
 
 def _indptr(mod, q_out, k_out, q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta,
             smooth_a, smooth_b):
     dl = _jit.dl
-    mod.rope_indptr(q_out=dl(q_out), k_out=dl(k_out), q=dl(q), k=dl(k), indptr=dl(indptr),
-                    offsets=dl(offsets), rotary_dim=rotary_dim, interleave=interleave,
-                    rope_scale=rope_scale, rope_theta=rope_theta, smooth_a=smooth_a, smooth_b=smooth_b,
-                    errors=errors.record_address(q.device), stream=_jit.stream_of(q.device))
+    # by position, in the binding's order (bindings/rope.cc)
+    mod.rope_indptr(dl(q_out), dl(k_out), dl(q), dl(k), dl(indptr), dl(offsets), rotary_dim, interleave,
+                    rope_scale, rope_theta, smooth_a, smooth_b, errors.record_address(q.device),
+                    _jit.stream_of(q.device))
     errors.after_launch(q.device)
 
 
 def _pos_ids(mod, q_out, k_out, q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta,
              smooth_a, smooth_b):
     dl = _jit.dl
-    mod.rope_pos_ids(q_out=dl(q_out), k_out=dl(k_out), q=dl(q), k=dl(k), pos_ids=dl(pos_ids),
-                     rotary_dim=rotary_dim, interleave=interleave, rope_scale=rope_scale,
-                     rope_theta=rope_theta, smooth_a=smooth_a, smooth_b=smooth_b,
-                     errors=errors.record_address(q.device), stream=_jit.stream_of(q.device))
+    mod.rope_pos_ids(dl(q_out), dl(k_out), dl(q), dl(k), dl(pos_ids), rotary_dim, interleave, rope_scale,
+                     rope_theta, smooth_a, smooth_b, errors.record_address(q.device),
+                     _jit.stream_of(q.device))
     errors.after_launch(q.device)
 
 
 def _cos_sin(mod, q_out, k_out, q, k, positions, cos_sin_cache, interleave):
     dl = _jit.dl
-    mod.rope_cos_sin_cache(q_out=dl(q_out), k_out=dl(k_out), q=dl(q), k=dl(k), positions=dl(positions),
-                           cos_sin_cache=dl(cos_sin_cache), interleave=interleave,
-                           errors=errors.record_address(q.device), stream=_jit.stream_of(q.device))
+    mod.rope_cos_sin_cache(dl(q_out), dl(k_out), dl(q), dl(k), dl(positions), dl(cos_sin_cache), interleave,
+                           errors.record_address(q.device), _jit.stream_of(q.device))
     errors.after_launch(q.device)
 
 

@@ -65,6 +65,9 @@ _MAX_SEED = 2**63  # seeds and offsets travel as int64 through torch's custom op
 _ORDERS = ("top_k_first", "joint")
 
 
+_SOFTMAX_MODULES = _jit.Modules(LABEL, "dtype", names={"dtype": "logits.dtype"})
+
+
 def _module(api: str, x: torch.Tensor, arg: str):
     return _jit.module(LABEL, x.device, api, dtype=x.dtype, names={"dtype": f"{arg}.dtype"})
 
@@ -148,11 +151,12 @@ def _transform_op(
 def _softmax_op(out: torch.Tensor, logits: torch.Tensor, temperature: torch.Tensor | None,
                 temperature_val: float) -> None:
     # the binding's own softmax entry: six arguments where sample_rows has 21 (host cost per call)
-    mod = _module("kiln.softmax", logits, "logits")
+    mod = _SOFTMAX_MODULES.get("kiln.softmax", logits.device, logits.dtype)
     dl = _jit.dl
     t = None if temperature is None else dl(temperature)
-    mod.softmax_rows(logits=dl(logits), out=dl(out), temperature=t, temperature_val=temperature_val,
-                     errors=errors.record_address(logits.device), stream=_jit.stream_of(logits.device))
+    # by position: (logits, out, temperature, temperature_val, errors, stream)
+    mod.softmax_rows(dl(logits), dl(out), t, temperature_val, errors.record_address(logits.device),
+                     _jit.stream_of(logits.device))
     errors.after_launch(logits.device)
 
 

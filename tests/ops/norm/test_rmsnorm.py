@@ -214,9 +214,13 @@ def test_binding_takes_any_dlpack_producer_and_rejects_non_tensors():
     out = torch.empty_like(x)
     call(_jit.dl(out), x.numpy(), w.numpy())
     check(out, ref_rmsnorm(x, w, 1e-6))
-    # Arguments are keyword-only: a positional call (where a swapped pair would go unnoticed) fails.
+    # By position (as kiln.rmsnorm passes them: keyword matching costs on every call) the same
+    # result; a call missing an argument is pybind11's TypeError.
+    by_position = torch.full_like(x, float("nan"))
+    mod.rmsnorm(_jit.dl(by_position), _jit.dl(x), _jit.dl(w), 1e-6, 0.0)
+    assert torch.equal(by_position, out)
     with pytest.raises(TypeError, match="incompatible function arguments"):
-        mod.rmsnorm(_jit.dl(out), _jit.dl(x), _jit.dl(w), 1e-6, 0.0)
+        mod.rmsnorm(_jit.dl(out), _jit.dl(x), _jit.dl(w), 1e-6)
 
 
 # ---- framework integration --------------------------------------------------------------------
