@@ -47,5 +47,5 @@ def test_modules_by_position_are_module_s_and_say_which_argument_is_wrong():
     found = rows.get("kiln.rmsnorm", cpu, torch.float32)
     assert found is _jit.module("//ops:norm", cpu, "kiln.rmsnorm", dtype=torch.float32)
     assert rows.get("kiln.rmsnorm", cpu, torch.float32) is found
-    with pytest.raises(TypeError, match=r"kiln.rmsnorm: input.dtype int32 is not supported; supported dtypes"):
+    with pytest.raises(TypeError, match=r"kiln.rmsnorm: input.dtype int32 is not supported"):
         rows.get("kiln.rmsnorm", cpu, torch.int32)
