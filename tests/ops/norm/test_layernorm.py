@@ -59,10 +59,14 @@ def test_layernorm_matches_reference(device, dtype, shape):
 
 @pytest.mark.parametrize("device", device_params())
 def test_large_mean_does_not_cancel(device):
-    # Mean 100: a one-pass E[x^2] - mean^2 would lose ~1e-3 of the variance in float32 (x^2 ~ 1e4).
+    # Mean 100: a one-pass E[x^2] - mean^2 would lose ~1e-3 of the variance in float32 (x^2 ~ 1e4),
+    # ~5e-4 of every output. A correct float32 kernel still carries x - mean's rounding (x's spacing
+    # at 100 is 7.6e-6) times gemma: 1e-4 absolute allows that and catches the cancellation.
     x = randn((8, 4096), torch.float32, device, mean=100.0)
     g, b = params(4096, device)
-    check(kiln.layernorm(x, g, b), layer_norm_float64(x, g, b, 1e-6))
+    out, ref = kiln.layernorm(x, g, b), layer_norm_float64(x, g, b, 1e-6)
+    assert out.isfinite().all(), "non-finite elements in the output"
+    torch.testing.assert_close(out.double(), ref.to(out.device), rtol=2e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("device", device_params())

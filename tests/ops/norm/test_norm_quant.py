@@ -30,14 +30,21 @@ def randn(shape, dtype, device, gen=None):
     return torch.randn(shape, dtype=torch.float32, generator=gen).to(device=device, dtype=dtype)
 
 
-def check_fp8(out: torch.Tensor, ref: torch.Tensor):
+def check_fp8(out: torch.Tensor, ref: torch.Tensor, slack: torch.Tensor | None = None):
     """`out` (fp8) equals the reference rounded to fp8 (`ref`, decoded to float32) up to one fp8
-    step at rounding midpoints; NaN exactly where the reference has NaN."""
+    step at rounding midpoints; NaN exactly where the reference has NaN. `slack` (per element, in
+    out's units): the float32 evaluation error the value before rounding may carry on top, where it
+    is a cancelling sum (LayerNorm's normalised * gemma + beta near zero, scaled by 1 / scale)."""
     got, ref = out.float().cpu(), ref.float().cpu()
     assert torch.equal(got.isnan(), ref.isnan()), "NaN where the reference has none, or the reverse"
     ok = ~ref.isnan()
     rtol, atol = STEP[out.dtype]
-    torch.testing.assert_close(got[ok], ref[ok], rtol=rtol, atol=atol)
+    if slack is None:
+        torch.testing.assert_close(got[ok], ref[ok], rtol=rtol, atol=atol)
+    else:
+        slack = slack.float().cpu()[ok]
+        err, bound = (got[ok] - ref[ok]).abs(), atol + rtol * (ref[ok].abs() + slack) + slack
+        assert (err <= bound).all(), f"{int((err > bound).sum())} elements beyond one step and the slack"
     if ok.sum() >= 100:
         assert (got[ok] == ref[ok]).float().mean() > 0.99, "more than rare one-step differences"
 
@@ -90,7 +97,12 @@ def test_layernorm_quant_matches_reference(device, dtype, fmt, shape):
     g, b = randn(shape[-1:], torch.float32, device), randn(shape[-1:], torch.float32, device)
     out = fp8_out(shape, fmt, device)
     kiln.layernorm_quant(out, x, g, b, torch.tensor([SCALE[fmt]], device=device), 1e-5)
-    check_fp8(out, fp8_of(layer_norm_float64(x, g, b, 1e-5), torch.tensor(SCALE[fmt]), fmt))
+    # float32 evaluates normalised * gemma + beta to a few ulps of its terms; 1 / scale (4096 for
+    # E5M2) magnifies that where the sum cancels to near zero: 8 ulps of the terms, in out's units
+    normalised = layer_norm_float64(x, torch.ones_like(g), torch.zeros_like(b), 1e-5)
+    terms = (normalised * g.double().to(normalised.device)).abs() + b.double().to(normalised.device).abs()
+    slack = 8 * 2.0**-24 * terms / SCALE[fmt]
+    check_fp8(out, fp8_of(layer_norm_float64(x, g, b, 1e-5), torch.tensor(SCALE[fmt]), fmt), slack)
 
 
 @pytest.mark.parametrize("device", device_params())
