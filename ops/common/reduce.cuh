@@ -1,6 +1,8 @@
-// Sum reductions over a group of threads: within a warp (groups of 1..32 lanes) and over a block.
-// Every thread of the group must call them (no early return before the reduction).
+// Sum and max reductions over a group of threads: within a warp (groups of 1..32 lanes) and over a
+// block. Every thread of the group must call them (no early return before the reduction).
 #pragma once
+
+#include <cmath>
 
 namespace kiln {
 
@@ -13,19 +15,36 @@ __device__ __forceinline__ float group_sum(float v, int width) {
   return v;
 }
 
-// Sum over the whole block (blockDim.x a multiple of 32, blockDim.y == blockDim.z == 1); every
-// thread gets the sum. `scratch` is 32 floats of shared memory, free to reuse after the call.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+// The max (IsMax) or the sum over the whole block (blockDim.x a multiple of 32, blockDim.y ==
+// blockDim.z == 1); every thread gets it, and every block combines its values in the same order,
+// so equal inputs give equal bits. `scratch` is one float of shared memory per warp, free to reuse
+// after the call.
+template <bool IsMax>
+__device__ __forceinline__ float block_reduce(float v, float* scratch) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int warps = blockDim.x >> 5;
-  v = group_sum(v, 32);
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = IsMax ? fmaxf(v, w) : v + w;
+  }
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  v = lane < warps ? scratch[lane] : 0.0f;
-  v = group_sum(v, 32);
+  v = lane < warps ? scratch[lane] : (IsMax ? -INFINITY : 0.0f);
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = IsMax ? fmaxf(v, w) : v + w;
+  }
   __syncthreads();  // scratch may be reused by the caller
   return v;
+}
+
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  return block_reduce<false>(v, scratch);
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  return block_reduce<true>(v, scratch);
 }
 
 }  // namespace kiln

@@ -24,6 +24,7 @@
 #include "ops/common/cuda_utils.cuh"
 #include "ops/common/device_error.h"
 #include "ops/common/dtypes.h"
+#include "ops/common/reduce.cuh"
 #include "ops/common/vec.cuh"
 #include "ops/sampling/sampling.h"
 #include "ops/sampling/softmax.cuh"
@@ -88,23 +89,11 @@ __device__ __forceinline__ void for_each_value(const T* x, int64_t n, bool vec, 
 }
 
 __device__ __forceinline__ float block_max(float v, Shared& s) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if ((threadIdx.x & 31) == 0) s.scan_f32[threadIdx.x >> 5] = v;
-  __syncthreads();
-  v = (threadIdx.x & 31) < kWarps ? s.scan_f32[threadIdx.x & 31] : -INFINITY;
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();
-  return v;
+  return kiln::block_max(v, s.scan_f32);
 }
 
 __device__ __forceinline__ float block_sum_f32(float v, Shared& s) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if ((threadIdx.x & 31) == 0) s.scan_f32[threadIdx.x >> 5] = v;
-  __syncthreads();
-  v = (threadIdx.x & 31) < kWarps ? s.scan_f32[threadIdx.x & 31] : 0.0f;
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  return v;
+  return kiln::block_sum(v, s.scan_f32);
 }
 
 // Exclusive prefix sum over the block in thread order; *total gets the block's sum.

@@ -22,6 +22,7 @@
 #include "ops/common/cuda_utils.cuh"
 #include "ops/common/device_error.h"
 #include "ops/common/dtypes.h"
+#include "ops/common/reduce.cuh"
 #include "ops/common/vec.cuh"
 #include "ops/sampling/sampling.h"
 
@@ -40,23 +41,6 @@ struct SoftmaxShared {
   float total;
 };
 
-__device__ __forceinline__ float softmax_block_reduce(float v, bool is_max, SoftmaxShared& s) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const float w = __shfl_xor_sync(0xffffffffu, v, o);
-    v = is_max ? fmaxf(v, w) : v + w;
-  }
-  if ((threadIdx.x & 31) == 0) s.warp[threadIdx.x >> 5] = v;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    v = threadIdx.x < kSoftmaxWarps ? s.warp[threadIdx.x] : (is_max ? -INFINITY : 0.0f);
-    for (int o = 16; o > 0; o >>= 1) {
-      const float w = __shfl_xor_sync(0xffffffffu, v, o);
-      v = is_max ? fmaxf(v, w) : v + w;
-    }
-  }
-  return v;  // thread 0 holds the block's value
-}
-
 // The cluster's max (slot 0) or sum (slot 1) of each CTA's `v`, in every thread. The CTAs are
 // combined in rank order, so every CTA computes the same bits.
 template <int Slot>
@@ -64,7 +48,7 @@ __device__ __forceinline__ float softmax_cluster_reduce(float v, SoftmaxShared& 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
-  v = softmax_block_reduce(v, Slot == 0, s);
+  v = kiln::block_reduce<Slot == 0>(v, s.warp);
   if (threadIdx.x == 0) s.part[Slot] = v;
   cluster.sync();  // every CTA's part is written
   if (threadIdx.x == 0) {
