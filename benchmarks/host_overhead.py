@@ -160,7 +160,7 @@ def _softmax_layers(dev: torch.device, hidden: int) -> list[tuple[str, Callable]
 
     x = torch.randn(1, hidden, device=dev)
     out = torch.empty(1, hidden, device=dev)
-    mod = sampling._SOFTMAX_MODULES.get("kiln.softmax", dev, x.dtype)
+    mod = sampling._module("kiln.softmax", x, "logits")
     torch.testing.assert_close(kiln.softmax(x), torch.softmax(x, -1), rtol=1e-6, atol=1e-6)
 
     def binding(out=out, x=x):  # by position, as the launcher calls it
@@ -182,8 +182,7 @@ def _softmax_layers(dev: torch.device, hidden: int) -> list[tuple[str, Callable]
         ("binding softmax_rows (capsules, stream)", binding),
         ("binding softmax_rows, 0 rows: all but the launch", lambda: binding(out0, x0)),
         ("binding sample_rows, the same softmax", sample_rows),
-        ("module lookup (_jit.Modules.get)",
-         lambda: sampling._SOFTMAX_MODULES.get("kiln.softmax", dev, x.dtype)),
+        ("module lookup (_jit.Modules.get)", lambda: sampling._module("kiln.softmax", x, "logits")),
         ("2 x _jit.dl", lambda: (_jit.dl(out), _jit.dl(x))),
         ("errors.record_address", lambda: errors.record_address(dev)),
         ("errors.after_launch", lambda: errors.after_launch(dev)),

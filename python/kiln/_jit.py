@@ -115,7 +115,7 @@ class Modules:
         mod = _NORM.get("kiln.rmsnorm", x.device, x.dtype)
 
     The same modules as module(); the per-call cost is one lookup on (device, *values), where
-    module() first builds its key from keywords (about 0.6 us more on an op's hot path)."""
+    module() first builds its key from keywords (0.3-0.35 us more a call, measured)."""
 
     __slots__ = ("label", "axes", "names", "_found")
 
@@ -194,5 +194,5 @@ def stream_of(device: torch.device) -> int:
     """The caller's current CUDA stream on `device` as an integer handle (0 on the CPU)."""
     if device.type != "cuda":
         return 0
-    index = device.index  # a tensor's device always has one
-    return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device() if index is None else index)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch._C._cuda_getCurrentRawStream(index)

@@ -65,11 +65,13 @@ _MAX_SEED = 2**63  # seeds and offsets travel as int64 through torch's custom op
 _ORDERS = ("top_k_first", "joint")
 
 
-_SOFTMAX_MODULES = _jit.Modules(LABEL, "dtype", names={"dtype": "logits.dtype"})
+# by the argument a dispatch error names ("logits.dtype", ...): one lookup a call
+_MODULES = {arg: _jit.Modules(LABEL, "dtype", names={"dtype": f"{arg}.dtype"})
+            for arg in ("logits", "probs", "draft_probs")}
 
 
 def _module(api: str, x: torch.Tensor, arg: str):
-    return _jit.module(LABEL, x.device, api, dtype=x.dtype, names={"dtype": f"{arg}.dtype"})
+    return _MODULES[arg].get(api, x.device, x.dtype)
 
 
 @custom_op("sampling_draw", mutates=("samples",))
@@ -151,7 +153,7 @@ def _transform_op(
 def _softmax_op(out: torch.Tensor, logits: torch.Tensor, temperature: torch.Tensor | None,
                 temperature_val: float) -> None:
     # the binding's own softmax entry: six arguments where sample_rows has 21 (host cost per call)
-    mod = _SOFTMAX_MODULES.get("kiln.softmax", logits.device, logits.dtype)
+    mod = _module("kiln.softmax", logits, "logits")
     dl = _jit.dl
     t = None if temperature is None else dl(temperature)
     # by position: (logits, out, temperature, temperature_val, errors, stream)
