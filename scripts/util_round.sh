@@ -12,10 +12,11 @@
 #
 #   bash scripts/util_round.sh [pytest args, default: the families' test folders]
 #
-# SKIP_TESTS=1 / SKIP_BENCH=1 / SKIP_PEERS=1 leave a step out. ROUTINES (default: every utility
-# routine) and SHAPES (default: 1, 64 and 8192 tokens of Llama-3.1-8B; --shapes values) narrow
-# the benchmarks; REPEATS (default 20) and TARGET_MS (default 1) size each measurement. DEADLINE
-# (s after the start, default 200) bounds every step after the install: whatever finished is kept.
+# SKIP_TESTS=1 / SKIP_BENCH=1 / SKIP_PEERS=1 leave a step out; TARGETS narrows the prebuild.
+# ROUTINES (default: every utility routine) and SHAPES (default: 1, 64 and 8192 tokens of
+# Llama-3.1-8B; --shapes values) narrow the benchmarks; REPEATS (default 20) and TARGET_MS
+# (default 1) size each measurement. DEADLINE (s after the start, default 200) bounds every step
+# after the install: whatever finished is kept.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kiln-out}
@@ -29,7 +30,7 @@ elapsed() { echo $(( $(date +%s) - t0 )); }
 left() { local l=$(( DEADLINE - $(elapsed) )); [ "$l" -gt 0 ] && echo "$l" || echo 1; }
 step() { echo "== [$(elapsed) s] $*" | tee -a "$OUT/steps.log"; }
 note() { echo "$*" | tee -a "$OUT/steps.log"; }
-TARGETS="//ops:activation //ops:rope //ops:norm //ops:quantization"
+TARGETS=${TARGETS:-"//ops:activation //ops:rope //ops:norm //ops:quantization"}
 TESTS="tests/ops/activation tests/ops/rope tests/ops/norm/test_layernorm.py tests/ops/quantization"
 ROUTINES=${ROUTINES:-"silu_and_mul gelu_and_mul gelu_tanh_and_mul apply_rope_with_cos_sin_cache_inplace \
 apply_rope_pos_ids_inplace apply_llama31_rope apply_rope layernorm per_token_group_quant_fp8 scaled_fp8_quant"}

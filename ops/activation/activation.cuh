@@ -1,10 +1,13 @@
 // Gated-activation CUDA kernel and its launcher (see activation.h for the contract).
 //
-// Memory bound: each output element reads two input elements and writes one. A 2-D grid: blockIdx.y
-// strides over rows, blockIdx.x and the threads over the row's vectors, so one long row (a decode
-// token, d = 14336) still spreads over many SMs. Vectors are 16 bytes when both halves of every row
-// and the output row are aligned to them (d, the strides and the pointers multiples of VEC);
-// otherwise narrower, down to the scalar path for odd d.
+// Memory bound: each output element reads two input elements and writes one. A 2-D grid with one
+// vector of each half per thread: blockIdx.x and the threads cover a row's vectors, so one long row
+// (a decode token, d = 14336) still spreads over many SMs, and blockIdx.y is the row (looped only
+// beyond CUDA's 65535). The grid is not capped at a few blocks per SM: with a row loop in every
+// block the H200 streamed 8192 x 14336 at 3.5 TB/s, with a block per (row, 256 vectors) at 4.3
+// (docs/perf/activation.md). Vectors are 16 bytes when both halves of every row and the output row
+// are aligned to them (d, the strides and the pointers multiples of VEC); otherwise narrower, down
+// to the scalar path for odd d. 16-bit types use the fast exponential and division (activation.h).
 //
 // Programmatic dependent launch (ops/common/pdl.cuh; launched so when ctx.pdl): the kernel waits
 // for the one before it (pdl_wait) before any global access and lets the next one be scheduled
@@ -31,11 +34,11 @@ namespace kiln::activation {
 
 constexpr int kThreads = 256;
 constexpr int64_t kMaxGridY = 65535;  // CUDA's limit on gridDim.y
-constexpr int kBlocksPerSm = 8;       // enough resident threads to cover DRAM latency
 
 template <typename T, int VEC, Act A>
 __global__ void __launch_bounds__(kThreads) act_and_mul_kernel(const ActParams p) {
   using V = Vec<T, VEC>;
+  constexpr bool kFast = sizeof(T) < 4;
   pdl_wait();
   const int64_t nvec = p.d / VEC;
   for (int64_t row = blockIdx.y; row < p.rows; row += gridDim.y) {
@@ -46,7 +49,7 @@ __global__ void __launch_bounds__(kThreads) act_and_mul_kernel(const ActParams p
       const V b = V::load(x + p.d + j * VEC);
       V o;
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) o.set(k, apply<A>(a.get(k)) * b.get(k));
+      for (int k = 0; k < VEC; ++k) o.set(k, apply<A, kFast>(a.get(k)) * b.get(k));
       o.store(out + j * VEC);
     }
   }
@@ -74,11 +77,9 @@ Status launch_act_and_mul(const ActParams& p, LaunchContext ctx) {
   if (p.rows == 0 || p.d == 0) return Status::Ok();
   DeviceGuard guard(ctx.device);
   const int vec = choose_vec<T>(p);
-  const int64_t blocks_per_row = ceil_div<int64_t>(p.d / vec, kThreads);
-  // Enough blocks to fill the GPU, no more: rows beyond that are looped over by blockIdx.y.
-  const int64_t target = int64_t(sm_count()) * kBlocksPerSm;
-  const int64_t grid_x = std::min<int64_t>(blocks_per_row, std::max<int64_t>(1, target));
-  const int64_t grid_y = std::min<int64_t>({p.rows, kMaxGridY, std::max<int64_t>(1, target / grid_x)});
+  // Both loops stay in the kernel for what exceeds CUDA's grid limits (2^31 - 1 blocks in x).
+  const int64_t grid_x = std::min<int64_t>(ceil_div<int64_t>(p.d / vec, kThreads), INT32_MAX);
+  const int64_t grid_y = std::min<int64_t>(p.rows, kMaxGridY);
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
   bool launched = false;
   cudaError_t err = cudaSuccess;
