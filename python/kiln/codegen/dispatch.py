@@ -15,7 +15,8 @@ never expanded; asking for one, or for a value outside an axis, is an error nami
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+
+from kiln.runtime.record import Record
 
 from .rules import NoRelease, Target
 
@@ -24,10 +25,13 @@ class DispatchError(ValueError):
     pass
 
 
-@dataclass(frozen=True)
-class Specialisation:
-    target: Target
-    params: tuple[tuple[str, str], ...]
+class Specialisation(Record):
+    """One target at one value of each dispatch axis."""
+
+    __slots__ = ("target", "params")
+
+    def __init__(self, target: Target, params: tuple[tuple[str, str], ...]):
+        self._init(target, params)
 
     @property
     def uri(self) -> str:

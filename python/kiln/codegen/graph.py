@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import difflib
 import functools
-from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.runtime import sources
+from kiln.runtime.record import Record
 
 from .rules import (
     BuildFileError,
@@ -39,13 +39,15 @@ class LabelError(LookupError):
     pass
 
 
-@dataclass(frozen=True)
-class Graph:
-    root: Path  # the source root holding WORKSPACE.py
-    workspace: dict
-    targets: tuple[Target, ...]
-    groups: tuple[Group, ...] = ()
-    libraries: tuple[SourceLibrary, ...] = ()  # source_library(...): units targets take by deps
+class Graph(Record):
+    """The loaded build graph: the source root holding WORKSPACE.py, its names, the targets, the
+    groups and the source libraries (source_library(...): units targets take by deps)."""
+
+    __slots__ = ("root", "workspace", "targets", "groups", "libraries")
+
+    def __init__(self, root: Path, workspace: dict, targets: tuple[Target, ...],
+                 groups: tuple[Group, ...] = (), libraries: tuple[SourceLibrary, ...] = ()):
+        self._init(root, workspace, targets, groups, libraries)
 
     def labels(self) -> list[str]:
         return [t.label for t in self.targets]

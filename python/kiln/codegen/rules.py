@@ -42,6 +42,8 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from kiln.runtime.record import Record
+
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _VALUE = re.compile(r"^[a-z0-9]+$")
 
@@ -50,10 +52,14 @@ class BuildFileError(ValueError):
     """A BUILD file declares something invalid; the message names the file and the target."""
 
 
-@dataclass(frozen=True)
-class Unsupported:
-    match: tuple[tuple[str, str], ...]  # axis -> value; a specialisation matching all is refused
-    reason: str
+class Unsupported(Record):
+    """`unsupported(match, reason)`: `match` (axis -> value pairs) names specialisations that are
+    refused, with the reason."""
+
+    __slots__ = ("match", "reason")
+
+    def __init__(self, match: tuple[tuple[str, str], ...], reason: str):
+        self._init(match, reason)
 
     def matches(self, params: dict[str, str]) -> bool:
         return all(params.get(a) == v for a, v in self.match)
@@ -65,19 +71,18 @@ def unsupported(match: dict, reason: str) -> Unsupported:
     return Unsupported(tuple((str(a), _value(v)) for a, v in match.items()), reason)
 
 
-@dataclass(frozen=True)
-class TritonKernelDecl:
+class TritonKernelDecl(Record):
     """`triton_kernel(...)` in a BUILD file: one entry point of the target's triton module.
     Strings in the signature and constexprs may name dispatch axes ("*{dtype}", "{block}"): each
     specialisation substitutes its values (codegen/specs.py)."""
 
-    entry: str
-    unit: str
-    signature: tuple[tuple[str, str], ...]
-    constexprs: tuple[tuple[str, object], ...]
-    num_warps: int
-    num_stages: int
-    name: str = ""  # the compiled kernel's name (default: entry); configs of one entry differ
+    # name: the compiled kernel's name (default: entry); configs of one entry differ
+    __slots__ = ("entry", "unit", "signature", "constexprs", "num_warps", "num_stages", "name")
+
+    def __init__(self, entry: str, unit: str, signature: tuple[tuple[str, str], ...],
+                 constexprs: tuple[tuple[str, object], ...], num_warps: int, num_stages: int,
+                 name: str = ""):
+        self._init(entry, unit, signature, constexprs, num_warps, num_stages, name)
 
 
 def triton_kernel(entry: str, *, unit: str, signature: dict, constexprs: dict | None = None,
@@ -92,11 +97,13 @@ def triton_kernel(entry: str, *, unit: str, signature: dict, constexprs: dict | 
                             tuple((constexprs or {}).items()), int(num_warps), int(num_stages), name)
 
 
-@dataclass(frozen=True)
-class NoRelease:
+class NoRelease(Record):
     """`release=no_release("why")`: the target ships no precompiled module, deliberately."""
 
-    reason: str
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self._init(reason)
 
 
 def no_release(reason: str) -> NoRelease:
@@ -250,17 +257,15 @@ def make_target(build_file: Path, root: str, package: str, *, name: str, binding
     )
 
 
-@dataclass(frozen=True)
-class SourceLibrary:
+class SourceLibrary(Record):
     """`source_library(name=..., srcs=[...], host_srcs=[...])`: compile units that several targets
     share, listed once; each target naming it in `deps` compiles them into its own modules."""
 
-    name: str
-    package: str
-    build_file: Path
-    srcs: tuple[str, ...]
-    host_srcs: tuple[str, ...]
-    doc: str = ""
+    __slots__ = ("name", "package", "build_file", "srcs", "host_srcs", "doc")
+
+    def __init__(self, name: str, package: str, build_file: Path, srcs: tuple[str, ...],
+                 host_srcs: tuple[str, ...], doc: str = ""):
+        self._init(name, package, build_file, srcs, host_srcs, doc)
 
     @property
     def label(self) -> str:
@@ -304,17 +309,16 @@ def with_deps(target: Target, libraries: dict[str, SourceLibrary]) -> Target:
     return replace(target, srcs=tuple(srcs), host_srcs=tuple(host_srcs), toolchains=toolchains)
 
 
-@dataclass(frozen=True)
-class Group:
+class Group(Record):
     """`op_group(name=..., targets=[...])`: a label that names several targets (a family), built
-    and queried together; it compiles nothing of its own."""
+    and queried together; it compiles nothing of its own. `members`: labels as written (":decode"
+    = the same package)."""
 
-    name: str
-    root: str
-    package: str
-    build_file: Path
-    members: tuple[str, ...]  # labels as written (":decode" = the same package)
-    doc: str = ""
+    __slots__ = ("name", "root", "package", "build_file", "members", "doc")
+
+    def __init__(self, name: str, root: str, package: str, build_file: Path, members: tuple[str, ...],
+                 doc: str = ""):
+        self._init(name, root, package, build_file, members, doc)
 
     label = Target.label
     full_label = Target.full_label

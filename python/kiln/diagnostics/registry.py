@@ -8,21 +8,22 @@ import functools
 import inspect
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from kiln.runtime.record import Record
 
 
-@dataclass(frozen=True)
-class ApiEntry:
-    name: str
-    fn: Callable  # the undecorated function
-    mutates: tuple[str, ...] = ()
+class ApiEntry(Record):
+    """A decorated API: its name, the undecorated function and the arguments it writes (a Record,
+    not a dataclass: every family module creates one per API at import, kiln/runtime/record.py)."""
 
-    @functools.cached_property
+    __slots__ = ("name", "fn", "mutates")
+
+    def __init__(self, name: str, fn: Callable, mutates: tuple[str, ...] = ()):
+        self._init(name, fn, mutates)
+
+    @property
     def signature(self) -> inspect.Signature | None:
-        try:
-            return inspect.signature(self.fn)
-        except (TypeError, ValueError):
-            return None
+        return _signature(self.fn)
 
     def outputs(self, result: object, named: list[tuple[str, object]]) -> list[tuple[str, object]]:
         """What a call produced: the arguments it mutates, then its result unless that is one of
@@ -32,6 +33,14 @@ class ApiEntry:
         if result is not None and not any(result is v for _, v in out):
             out.append(("result", result))
         return out
+
+
+@functools.cache
+def _signature(fn: Callable) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
 
 
 _registry: dict[str, ApiEntry] = {}

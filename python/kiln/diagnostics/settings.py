@@ -8,9 +8,9 @@ per call. Changing KILN_LOGLEVEL after `import kiln` therefore has no effect.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
 
 from kiln.runtime import env
+from kiln.runtime.record import Record
 
 # Each level adds to the ones below it; 2 and 4 act as 1 and 3.
 LEVELS = {0: "off", 1: "call names", 3: "arguments and outputs", 5: "tensor statistics"}
@@ -21,17 +21,18 @@ def _patterns(text: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in str(text).split(",") if p.strip())
 
 
-@dataclass(frozen=True)
-class Settings:
-    level: int = 0
-    dest: str = "stderr"
-    dump: bool = False
-    dump_dir: str = ""
-    dump_max_count: int = 1000
-    dump_max_bytes: int = 10 * 2**30
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    force_backend: str = ""
+class Settings(Record):
+    """The diagnostic settings in force (a Record, not a dataclass: it is created on the import
+    path, kiln/runtime/record.py)."""
+
+    __slots__ = ("level", "dest", "dump", "dump_dir", "dump_max_count", "dump_max_bytes", "include",
+                 "exclude", "force_backend")
+
+    def __init__(self, level: int = 0, dest: str = "stderr", dump: bool = False, dump_dir: str = "",
+                 dump_max_count: int = 1000, dump_max_bytes: int = 10 * 2**30,
+                 include: tuple[str, ...] = (), exclude: tuple[str, ...] = (), force_backend: str = ""):
+        self._init(level, dest, dump, dump_dir, dump_max_count, dump_max_bytes, include, exclude,
+                   force_backend)
 
     @classmethod
     def from_env(cls, snapshot: env.Snapshot | None = None) -> Settings:

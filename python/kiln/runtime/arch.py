@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from . import env
+from .record import Record
 
 
 class ArchError(ValueError):
@@ -125,14 +126,14 @@ def uncovered(built: tuple[Arch, ...], wanted: tuple[Arch, ...]) -> list[Arch]:
     return missing
 
 
-@dataclass(frozen=True)
-class ArchFamily:
+class ArchFamily(Record):
     """A family a target supports: its name, the compute capabilities in it, and whether the target
     needs the arch-specific ("a") variant there."""
 
-    name: str
-    archs: tuple[str, ...]
-    arch_specific: bool = False
+    __slots__ = ("name", "archs", "arch_specific")
+
+    def __init__(self, name: str, archs: tuple[str, ...], arch_specific: bool = False):
+        self._init(name, archs, arch_specific)
 
     def __str__(self) -> str:
         return f"{self.name}{'a' if self.arch_specific else ''} ({' '.join(self.archs)})"
@@ -141,11 +142,11 @@ class ArchFamily:
         return arch.cc in self.archs
 
 
-@dataclass(frozen=True)
-class Device:
-    index: int
-    name: str
-    arch: Arch
+class Device(Record):
+    __slots__ = ("index", "name", "arch")
+
+    def __init__(self, index: int, name: str, arch: Arch):
+        self._init(index, name, arch)
 
 
 @functools.lru_cache(maxsize=1)
@@ -190,12 +191,14 @@ def driver_version() -> str | None:
     return f"{version.value // 1000}.{version.value % 1000 // 10}"
 
 
-@dataclass(frozen=True)
-class ArchContext:
-    """What CUDA modules are compiled for: the requested archs and where that request came from."""
+class ArchContext(Record):
+    """What CUDA modules are compiled for: the requested archs and where that request came from
+    (`source`: human-readable, quoted in errors)."""
 
-    requested: tuple[Arch, ...]
-    source: str  # human-readable origin, quoted in errors
+    __slots__ = ("requested", "source")
+
+    def __init__(self, requested: tuple[Arch, ...], source: str):
+        self._init(requested, source)
 
     @classmethod
     def current(cls, arch_list: str | None = None) -> ArchContext:

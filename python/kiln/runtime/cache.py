@@ -28,26 +28,26 @@ import os
 import shutil
 import stat
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import metadata
 from .key import file_digest, parse_depfile
 from .log import logger
+from .record import Record
 from .workspace import WorkspaceError
 
 QUARANTINE = ".quarantine"
 QUARANTINE_KEEP = 3  # quarantined slots kept per module, newest first (for diagnosis)
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(Record):
     """A slot's state ("ok", "absent", "stale", "damaged"), its metadata when it has valid
     metadata, and why it cannot be loaded (None when it can)."""
 
-    state: str
-    md: metadata.Metadata | None
-    reason: str | None
+    __slots__ = ("state", "md", "reason")
+
+    def __init__(self, state: str, md: metadata.Metadata | None, reason: str | None):
+        self._init(state, md, reason)
 
 
 def verify(p) -> Entry:

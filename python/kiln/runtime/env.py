@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .record import Record
+
 
 class EnvError(ValueError):
     """An environment variable holds a value kiln cannot use."""
@@ -236,14 +238,16 @@ def _parse(knob: Knob, raw: str | None) -> Any:
     return value
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    """One parse of the environment: every declared variable's value, or why it is invalid."""
+class Snapshot(Record):
+    """One parse of the environment: every declared variable's value, or why it is invalid:
+    `values` the valid ones, `errors` the invalid ones, `raw` every declared variable that is set
+    (as set), `unknown` the KILN_* variables that are set and not declared."""
 
-    values: dict[str, Any]  # the valid ones
-    errors: dict[str, EnvError]  # the invalid ones
-    raw: dict[str, str]  # every declared variable that is set, as set
-    unknown: tuple[str, ...]  # KILN_* variables that are set and not declared
+    __slots__ = ("values", "errors", "raw", "unknown")
+
+    def __init__(self, values: dict[str, Any], errors: dict[str, EnvError], raw: dict[str, str],
+                 unknown: tuple[str, ...]):
+        self._init(values, errors, raw, unknown)
 
     def value(self, name: str) -> Any:
         """The value of `name`; its own error if it is invalid (other variables' are ignored: for

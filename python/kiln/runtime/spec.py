@@ -20,18 +20,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .arch import ArchFamily
+from .record import Record
 
 TOOLCHAINS = ("host", "cuda", "triton")
 _LANGS = {"host": ("cxx",), "cuda": ("cxx", "cuda"), "triton": ("triton",)}
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-@dataclass(frozen=True)
-class Unit:
-    """One compile unit, by its file name in the spec's generated directory."""
+class Unit(Record):
+    """One compile unit, by its file name in the spec's generated directory; `lang` is "cxx" (the
+    host compiler), "cuda" (nvcc) or "triton" (a Python kernel file)."""
 
-    name: str
-    lang: str  # "cxx" (the host compiler), "cuda" (nvcc) or "triton" (a Python kernel file)
+    __slots__ = ("name", "lang")
+
+    def __init__(self, name: str, lang: str):
+        self._init(name, lang)
 
     @property
     def obj(self) -> str:

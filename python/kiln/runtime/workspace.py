@@ -16,19 +16,21 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import env
+from .record import Record
 
 
 class WorkspaceError(PermissionError):
     pass
 
 
-@dataclass(frozen=True)
-class Workspace:
-    base: Path
+class Workspace(Record):
+    __slots__ = ("base",)
+
+    def __init__(self, base: Path):
+        self._init(base)
 
     @classmethod
     def current(cls) -> Workspace:

@@ -8,18 +8,18 @@ binds heads, head_dim and page size and runs batch size and KV length.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from kiln.runtime.record import Record
 
 
-@dataclass(frozen=True)
-class Model:
-    name: str
-    hidden: int
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_eps: float
-    source: str
+class Model(Record):
+    """A model's shapes, with where they come from (a Record, not a dataclass: imported by every
+    family module's trace templates, kiln/runtime/record.py)."""
+
+    __slots__ = ("name", "hidden", "num_q_heads", "num_kv_heads", "head_dim", "rms_eps", "source")
+
+    def __init__(self, name: str, hidden: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                 rms_eps: float, source: str):
+        self._init(name, hidden, num_q_heads, num_kv_heads, head_dim, rms_eps, source)
 
 
 LLAMA_3_1_8B = Model("llama-3.1-8b", 4096, 32, 8, 128, 1e-5, "meta-llama/Llama-3.1-8B config.json")

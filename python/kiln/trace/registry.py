@@ -11,15 +11,20 @@ The registry fills as kiln's API modules are imported; traced_apis() imports the
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from kiln.runtime.record import Record
 
 from .template import TraceTemplate
 
 
-@dataclass(frozen=True)
-class Traced:
-    template: TraceTemplate
-    function: Callable
+class Traced(Record):
+    """A traced API: its template and its function (a Record, not a dataclass: every family module
+    creates one per API at import, kiln/runtime/record.py)."""
+
+    __slots__ = ("template", "function")
+
+    def __init__(self, template: TraceTemplate, function: Callable):
+        self._init(template, function)
 
     @property
     def api(self) -> str:

@@ -22,6 +22,8 @@ from typing import Any, Literal
 
 import torch
 
+from kiln.runtime.record import Record
+
 WORKLOAD_DTYPE = "$dtype"
 
 # kiln's short dtype names (the `dtype` dispatch axis, the harness's --dtype) <-> torch's names.
@@ -99,25 +101,24 @@ def const(value: int | None = None, doc: str = "") -> Axis:
     return Axis("const", value, doc)
 
 
-@dataclass(frozen=True)
-class Tensor:
+class Tensor(Record):
     """A tensor argument or result: `shape` in axis names, `dtype` a torch name or WORKLOAD_DTYPE."""
 
-    shape: tuple[str, ...]
-    dtype: str = WORKLOAD_DTYPE
-    doc: str = ""
+    __slots__ = ("shape", "dtype", "doc")
+
+    def __init__(self, shape: tuple[str, ...], dtype: str = WORKLOAD_DTYPE, doc: str = ""):
+        self._init(shape, dtype, doc)
 
 
-@dataclass(frozen=True)
-class Scalar:
+class Scalar(Record):
     """A non-tensor argument (eps, scale). `default` must equal the API's default; an example may
     set a model's own value (Llama's eps is 1e-5). `axis`: the value is that axis's (plan()'s
     num_qo_heads, head_dim, page_size)."""
 
-    dtype: str
-    default: Any = None
-    doc: str = ""
-    axis: str | None = None
+    __slots__ = ("dtype", "default", "doc", "axis")
+
+    def __init__(self, dtype: str, default: Any = None, doc: str = "", axis: str | None = None):
+        self._init(dtype, default, doc, axis)
 
 
 @dataclass(frozen=True)
