@@ -28,6 +28,8 @@
 
 namespace kiln::rope {
 
+constexpr int kQuantBlocksPerSm = 8;  // 2048 resident threads per SM: loads enough in flight for DRAM
+
 // VEC fp8 bytes stored with one access.
 template <int VEC>
 struct alignas(VEC) Fp8Vec {
@@ -147,7 +149,7 @@ Status launch_quantize(const RopeQuantParams& p, LaunchContext ctx) {
   if (p.nnz == 0 || p.q_heads + p.k_heads == 0) return Status::Ok();
   DeviceGuard guard(ctx.device);
   const int vec = choose_quant_vec<T>(p);
-  const int64_t blocks = std::min<int64_t>(p.nnz, int64_t(sm_count()) * kBlocksPerSm);
+  const int64_t blocks = std::min<int64_t>(p.nnz, int64_t(sm_count()) * kQuantBlocksPerSm);
   const size_t smem = size_t(p.rope_dim) * sizeof(float);
   cudaError_t err = cudaSuccess;
   auto with_vec = [&](auto kVec) {
