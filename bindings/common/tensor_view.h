@@ -44,6 +44,18 @@ template <>
 constexpr dl::DataType dl_dtype<e5m2_t>() {
   return {dl::kFloat8E5M2, 8, 1};
 }
+template <>
+constexpr dl::DataType dl_dtype<int32_t>() {
+  return {dl::kInt, 32, 1};
+}
+template <>
+constexpr dl::DataType dl_dtype<int64_t>() {
+  return {dl::kInt, 64, 1};
+}
+template <>
+constexpr dl::DataType dl_dtype<uint8_t>() {
+  return {dl::kUInt, 8, 1};
+}
 
 // "bfloat16", "float32", ...: the names torch and numpy users read.
 inline std::string dtype_str(dl::DataType t) {

@@ -19,21 +19,15 @@ from __future__ import annotations
 
 import torch
 
-from . import _jit, _pdl
-from ._ops import custom_op
+from . import _pdl
+from ._entries import entry_op
 from .api_logging import logged_api
 from .trace import activation as activation_traces
 from .trace import traced
 
 LABEL = "//ops:activation"
-_MODULES = _jit.Modules(LABEL, "dtype", names={"dtype": "input.dtype"})
-
-
-@custom_op("act_and_mul", mutates=("out",))
-def _act_and_mul_op(out: torch.Tensor, input: torch.Tensor, act: str, pdl: bool) -> None:
-    mod = _MODULES.get(f"kiln.{act}_and_mul", input.device, input.dtype)
-    # the binding's arguments by position: (out, input, act, pdl, stream)
-    mod.act_and_mul(_jit.dl(out), _jit.dl(input), mod.acts[act], pdl, _jit.stream_of(input.device))
+# kiln::act_and_mul(out, input, act, pdl): the op and its launcher, from the entry in the BUILD file
+_act_and_mul_op = entry_op(LABEL, "act_and_mul")
 
 
 def _act_and_mul(act: str, input, out, enable_pdl):

@@ -20,6 +20,7 @@ from pathlib import Path
 from kiln.runtime import sources
 from kiln.runtime.record import Record
 
+from .entries import BUILD_FUNCTIONS, EntryError
 from .rules import (
     BuildFileError,
     Group,
@@ -153,11 +154,14 @@ def _load_graph(root: Path) -> Graph:
             def source_library(_where=where, **kwargs):
                 libraries.append(make_library(*_where, **kwargs))
 
-            _exec_file(build_file, {"op_library": op_library, "op_group": op_group,
-                                    "source_library": source_library,
-                                    "unsupported": unsupported, "no_release": no_release,
-                                    "triton_kernel": triton_kernel,
-                                    "__file__": str(build_file)})
+            try:
+                _exec_file(build_file, {"op_library": op_library, "op_group": op_group,
+                                        "source_library": source_library,
+                                        "unsupported": unsupported, "no_release": no_release,
+                                        "triton_kernel": triton_kernel, **BUILD_FUNCTIONS,
+                                        "__file__": str(build_file)})
+            except EntryError as e:
+                raise BuildFileError(f"{build_file}: {e}") from None
     seen: dict[str, Path] = {}
     for t in (*targets, *groups, *libraries):
         for label in {t.label, t.full_label}:

@@ -5,6 +5,8 @@ Each specialisation gets:
                   (a type for table axes such as dtype, an integer, a bool, or a string)
   <template>      each of the target's own Jinja templates, rendered with the same context
   <unit>          each compile unit of the toolchain, copied byte for byte
+  <name>_binding.cc  the launcher generated from the target's entries (codegen/binding.py),
+                  when its BUILD file declares them instead of a hand-written binding
 Rendering uses StrictUndefined (a missing variable is an error) and is deterministic; a file is
 written only when its content differs.
 """
@@ -75,10 +77,26 @@ def render(spec: Specialisation, tables: dict, units: list[Path], out_dir: Path)
         dest = out_dir / unit.name
         write_if_different(dest, unit.read_bytes())
         written.append(dest)
+    if spec.target.entries:
+        from .binding import render_binding
+
+        has_dtype = any(a["name"] == "dtype" and a["kind"] == "type" for a in ctx["axes"])
+        dest = out_dir / binding_unit(spec.target)
+        write_if_different(dest, render_binding(spec.target, has_dtype))
+        written.append(dest)
     return written
 
 
+def binding_unit(target) -> str:
+    """The file name of the launcher generated from `target`'s entries."""
+    return f"{target.name}_binding.cc"
+
+
 def template_inputs(spec: Specialisation) -> list[Path]:
-    """The files whose bytes determine what render() writes (for the cache key)."""
-    return [Path(__file__).resolve(), CONFIG_TEMPLATE,
-            *(spec.target.package_dir / t for t in spec.target.templates)]
+    """The files whose bytes determine what render() writes (for the cache key): with entries, the
+    BUILD file declaring them and the generator too."""
+    here = Path(__file__).resolve()
+    generated = ([spec.target.build_file, here.with_name("binding.py"), here.with_name("entries.py")]
+                 if spec.target.entries else [])
+    return [here, CONFIG_TEMPLATE, *(spec.target.package_dir / t for t in spec.target.templates),
+            *generated]

@@ -4,7 +4,9 @@
         name="norm",
         srcs=["norm_cuda.cu"],            # CUDA toolchain compile units, beside the BUILD file
         host_srcs=["norm_host.cc"],       # host toolchain compile units
-        binding="bindings/norm.cc",       # the pybind11 launcher (path from the source root)
+        binding="bindings/norm.cc",       # the pybind11 launcher (path from the source root), or
+        entries=[entry(...)],             # ... the entry points it is generated from (entries.py)
+        headers=["ops/norm/norm.h"],      # what the generated launcher includes (with entries=)
         dispatch={"dtype": ["f32", "f16", "bf16"]},   # compile-time matrix, one module per point
         exclude=[unsupported({"dtype": "f32"}, "why")],  # combinations refused with a reason
         archs=["sm80", "sm90", "sm100", "sm120"],        # WORKSPACE families; "sm90a" = needs 9.0a
@@ -43,6 +45,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kiln.runtime.record import Record
+
+from .entries import Entry
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _VALUE = re.compile(r"^[a-z0-9]+$")
@@ -127,7 +131,7 @@ class Target:
     build_file: Path
     srcs: tuple[str, ...]
     host_srcs: tuple[str, ...]
-    binding: str
+    binding: str  # "" when the binding is generated from `entries`
     dispatch: tuple[tuple[str, tuple[str, ...]], ...]
     exclude: tuple[Unsupported, ...]
     archs: tuple[str, ...]
@@ -144,6 +148,8 @@ class Target:
     # The specialisations precompiled packages ship: None = not declared, () = all, a NoRelease
     # = none on purpose, otherwise the selection per axis (axes not named: every value).
     release: tuple[tuple[str, tuple[str, ...]], ...] | NoRelease | None = None
+    entries: tuple[Entry, ...] = ()  # the entry points the binding is generated from
+    headers: tuple[str, ...] = ()  # the generated binding's includes (paths from the source root)
 
     @property
     def label(self) -> str:
@@ -202,8 +208,8 @@ def _release(where: str, release, axes: dict[str, tuple[str, ...]]):
     return tuple(out)
 
 
-def make_target(build_file: Path, root: str, package: str, *, name: str, binding: str, srcs=(),
-                host_srcs=(),
+def make_target(build_file: Path, root: str, package: str, *, name: str, binding: str = "", srcs=(),
+                host_srcs=(), entries=(), headers=(),
                 dispatch=None, exclude=(), archs=(), templates=(), cflags=(), cuda_flags=(),
                 ldflags=(), include_dirs=(), release=None, doc: str = "", triton_srcs=(),
                 triton_kernels=(), deps=()) -> Target:
@@ -212,6 +218,16 @@ def make_target(build_file: Path, root: str, package: str, *, name: str, binding
         raise BuildFileError(f"{where}: deps= takes a list of source_library labels (':shared')")
     if not _NAME.match(name):
         raise BuildFileError(f"{where}: name must match {_NAME.pattern}")
+    if bool(binding) == bool(entries) and (srcs or host_srcs or deps):
+        raise BuildFileError(f"{where}: needs binding= (a hand-written launcher) or entries= (the "
+                             "entry points its launcher is generated from), not both")
+    if not all(isinstance(e, Entry) for e in entries):
+        raise BuildFileError(f"{where}: entries= takes entry(...) declarations")
+    names = [e.name for e in entries]
+    if len(set(names)) != len(names):
+        raise BuildFileError(f"{where}: entry names repeat: {names}")
+    if headers and not entries:
+        raise BuildFileError(f"{where}: headers= are the generated launcher's; declare entries=")
     axes = []
     for axis, values in (dispatch or {}).items():
         if not _NAME.match(axis) or "__" in axis:
@@ -254,6 +270,7 @@ def make_target(build_file: Path, root: str, package: str, *, name: str, binding
         templates=tuple(templates), cflags=tuple(cflags), cuda_flags=tuple(cuda_flags),
         ldflags=tuple(ldflags), include_dirs=tuple(include_dirs), doc=doc, toolchains=toolchains,
         triton_srcs=tuple(triton_srcs), triton_kernels=tuple(triton_kernels), deps=tuple(deps),
+        entries=tuple(entries), headers=tuple(headers),
     )
 
 

@@ -45,9 +45,13 @@ def arch_families(graph: Graph, target: Target) -> tuple[ArchFamily, ...]:
 
 
 def unit_files(graph: Graph, target: Target, toolchain: str) -> list[Path]:
+    """The toolchain's compile units copied from the source tree: the target's own and, unless it is
+    generated from the entries (render.binding_unit), its binding."""
     srcs = target.srcs if toolchain == "cuda" else target.host_srcs
-    files = [target.package_dir / s for s in srcs] + [graph.root / target.binding]
-    names = [f.name for f in files]
+    files = [target.package_dir / s for s in srcs]
+    if target.binding:
+        files.append(graph.root / target.binding)
+    names = [f.name for f in files] + ([render.binding_unit(target)] if target.entries else [])
     if len(set(names)) != len(names):
         raise ValueError(f"{target.label}: compile units {names} must have distinct file names")
     for f in files:
@@ -109,6 +113,8 @@ def compile_spec(spec: Specialisation, toolchain: str, graph: Graph | None = Non
     asan = tuple(tc.get("asan_flags", ())) if env.get("KILN_JIT_ASAN") else ()
     files = unit_files(graph, target, toolchain)
     units = tuple(Unit(f.name, _LANG[f.suffix]) for f in files)
+    if target.entries:
+        units += (Unit(render.binding_unit(target), "cxx"),)
     # The binding and host units are C++ for the host compiler; only .cu files go to nvcc.
     tables = graph.workspace.get("AXIS_TABLES", {})
 

@@ -14,15 +14,15 @@ import math
 import torch
 
 from .examples import DECODE_BATCHES, LLM_MODELS, PREFILL_TOKENS
-from .template import Example, Tensor, TraceTemplate, const, var
+from .template import Example, TraceTemplate, const, entry_tensors, var
 
 TOLERANCE = {"bfloat16": (1.6e-2, 1e-5), "float16": (2e-3, 1e-5), "float32": (1e-5, 1e-6)}
 AXES = {
     "tokens": var("rows activated in one call: decode batch size or prefill tokens"),
     "intermediate": const(doc="the MLP's intermediate size d (the input row is 2d)"),
 }
-INPUT = Tensor(("tokens", "intermediate * 2"))
-OUT = Tensor(("tokens", "intermediate"))
+# input (tokens, intermediate * 2) and out (tokens, intermediate), from the BUILD file's entry
+INPUTS, OUTPUTS = entry_tensors("//ops:activation", "act_and_mul", {"rows": "tokens", "d": "intermediate"})
 SMALL = ({"tokens": 1}, {"tokens": 33})
 # The MLP intermediate sizes of the models (their config.json files, as in examples.py).
 INTERMEDIATE = {"llama-3.1-8b": 14336, "llama-3.1-70b": 28672, "qwen3-32b": 25600}
@@ -70,7 +70,7 @@ def gelu_tanh_and_mul_reference(input):
 
 def _template(name, description, reference):
     return TraceTemplate(name=name, target="//ops:activation", description=description, axes=AXES,
-                         inputs={"input": INPUT}, outputs={"out": OUT}, reference=reference,
+                         inputs=INPUTS, outputs=OUTPUTS, reference=reference,
                          tolerance=TOLERANCE, examples=EXAMPLES, small=SMALL,
                          options={"enable_pdl": "launch detail: programmatic dependent launch on sm90+, "
                                                 "no workload"})

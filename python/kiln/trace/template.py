@@ -110,6 +110,44 @@ class Tensor(Record):
         self._init(shape, dtype, doc)
 
 
+def entry_tensors(label: str, entry: str, axes: Mapping[str, str],
+                  skip: tuple[str, ...] = ()) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """The inputs and outputs of the entry point `entry` that `label`'s BUILD file declares, as
+    trace tensors: the tensors it reads and the ones it writes (both, for one updated in place),
+    each declared size and leading dimensions ("*rows", one axis here) renamed by `axes`, "2*d" as
+    "d * 2"; "elem" tensors in the workload's dtype. `skip`: tensors the API does not take."""
+    from kiln.codegen.graph import load_graph
+
+    found = [e for e in load_graph().target(label).entries if e.name == entry]
+    if not found:
+        raise LookupError(f"{label} declares no entry {entry!r}")
+
+    def dim(d) -> str:
+        if d.kind == "fixed":
+            return str(d.coef)
+        name = axes.get(d.name)
+        if name is None:
+            raise KeyError(f"{label}:{entry}: no trace axis for the declared size {d.name!r}; "
+                           f"axes= maps {sorted(axes)}")
+        return name if d.coef == 1 else f"{name} * {d.coef}"
+
+    inputs: dict[str, Tensor] = {}
+    outputs: dict[str, Tensor] = {}
+    for t in found[0].tensors:
+        if t.name in skip:
+            continue
+        if t.shape is None or not isinstance(t.dtype, str):
+            raise ValueError(f"{label}:{entry}: tensor {t.name!r} has no declared shape or one dtype; "
+                             "write it in the template (or skip it)")
+        tensor = Tensor(tuple(dim(d) for d in t.shape),
+                        WORKLOAD_DTYPE if t.dtype == "elem" else t.dtype)
+        if t.read:
+            inputs[t.name] = tensor
+        if t.written:
+            outputs[t.name] = tensor
+    return inputs, outputs
+
+
 class Scalar(Record):
     """A non-tensor argument (eps, scale). `default` must equal the API's default; an example may
     set a model's own value (Llama's eps is 1e-5). `axis`: the value is that axis's (plan()'s

@@ -1,0 +1,86 @@
+"""A torch custom op made from an entry point a BUILD file declares (kiln/codegen/entries.py):
+
+    _act_and_mul = entry_op("//ops:activation", "act_and_mul")
+    _act_and_mul(out, input, "silu", pdl)        # kiln::act_and_mul
+
+The op's schema follows the entry's arguments (a tensor it writes is a mutated argument, a choice
+a str, then `pdl` when the entry takes it); its launcher finds the module from the entry's
+`dispatch` (on the anchor tensor's device) and calls the generated binding by position with
+DLPack capsules, the choices' indices, the error record's address (`errors`) and the stream. The
+launcher is compiled from source once per op so that a call is the same straight-line code a
+hand-written launcher is (docs/perf/host-overhead.md: a call's cost is counted in tenths of us).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _jit, errors
+from ._ops import custom_op
+
+_ANNOTATION = {"float": "float", "int": "int", "bool": "bool"}
+
+
+def find_entry(label: str, name: str):
+    from kiln.codegen.graph import load_graph
+
+    target = load_graph().target(label)
+    for e in target.entries:
+        if e.name == name:
+            return e
+    raise LookupError(f"{label} declares no entry {name!r}; its entries: "
+                      f"{', '.join(e.name for e in target.entries) or '(none)'}")
+
+
+def launcher_source(entry, label: str) -> str:
+    """The Python source of the launcher of `entry` (a def named after it)."""
+    params, call = [], []
+    for a in entry.args:
+        if a.kind == "tensor":
+            params.append(f"{a.name}: torch.Tensor | None" if a.optional else f"{a.name}: torch.Tensor")
+            call.append(f"None if {a.name} is None else _dl({a.name})" if a.optional else f"_dl({a.name})")
+        elif a.kind == "scalar":
+            params.append(f"{a.name}: {_ANNOTATION[a.type]}")
+            call.append(a.name)
+        else:
+            params.append(f"{a.name}: str")
+            call.append(f"_choice_{a.name}[{a.name}]")
+    anchor = entry.anchor.name
+    if entry.pdl:
+        params.append("pdl: bool")
+        call.append("pdl")
+    if entry.errors:
+        call.append(f"_record_address({anchor}.device)")
+    call.append(f"_stream_of({anchor}.device)")
+    api = f"f{entry.api!r}" if entry.api else repr(f"kiln::{entry.name}")
+    values = ", ".join(expr for _, expr in entry.dispatch)
+    lines = [f"def {entry.name}({', '.join(params)}) -> None:",
+             f"    mod = _modules.get({api}, {anchor}.device{', ' + values if values else ''})",
+             f"    mod.{entry.name}({', '.join(call)})"]
+    if entry.errors:
+        lines.append(f"    _after_launch({anchor}.device)")
+    return "\n".join(lines) + "\n"
+
+
+def entry_launcher(label: str, entry):
+    """The launcher function of `entry` (not yet a custom op)."""
+    names = {axis: expr for axis, expr in entry.dispatch}
+    namespace = {
+        "torch": torch, "_dl": _jit.dl, "_stream_of": _jit.stream_of,
+        "_record_address": errors.record_address, "_after_launch": errors.after_launch,
+        "_modules": _jit.Modules(label, *names, names=names),
+    }
+    for a in entry.args:
+        if a.kind == "choice":
+            namespace[f"_choice_{a.name}"] = {value: i for i, (value, _) in enumerate(a.values)}
+    code = compile(launcher_source(entry, label), f"<kiln entry {label}:{entry.name}>", "exec")
+    exec(code, namespace)  # noqa: S102 - source made from kiln's own BUILD declarations
+    fn = namespace[entry.name]
+    fn.__doc__ = f"{entry.doc}\n\n(the launcher of {label}'s entry {entry.name}, generated)"
+    return fn
+
+
+def entry_op(label: str, name: str):
+    """kiln::<name>: the custom op of the entry `name` that `label`'s BUILD file declares."""
+    entry = find_entry(label, name)
+    return custom_op(entry.name, mutates=entry.mutated)(entry_launcher(label, entry))

@@ -1,0 +1,271 @@
+"""An op's entry points, declared once in its BUILD.py: the schema the binding, the torch custom op
+and the trace template's tensors are all generated from.
+
+    op_library(
+        name="activation", ...,
+        headers=["ops/activation/activation.h"],      # what the generated binding includes
+        entries=[entry(
+            "act_and_mul", doc="out = act(input[..., :d]) * input[..., d:]",
+            args=[tensor("out", shape=["*rows", "d"], access="w"),
+                  tensor("input", shape=["*rows", "2*d"]),
+                  choice("act", {"silu": "kiln::activation::Act::kSilu", ...})],
+            pdl=True,                                  # a `pdl` launch flag (sm90+ CUDA)
+            dispatch={"dtype": "input.dtype"},         # module axes from the arguments
+            api="kiln.{act}_and_mul",                  # the name errors use (str arguments)
+            params=params("kiln::activation::ActParams", out="out.data", d="out.size(-1)", ...),
+            call="kiln::activation::act_and_mul")],
+    )
+
+tensor(name, shape, dtype, access, ...):
+    shape   a list of dimensions: "hidden" (a size, named: bound where it first appears, checked
+            everywhere else), "2*d" (a multiple of a named size), 1 (a literal), and first, at
+            most once, "*rows" (any number of leading dimensions, the same in every tensor naming
+            rows; ndim=(lo, hi) bounds the total). None: any shape (numel= may fix the count).
+    dtype   "elem" (the module's element type, kiln::spec::dtype), a torch name ("float32"),
+            or {torch name: C++ value} (one of those dtypes; the value, as `<name>_dtype`, is
+            what params may use). Default "elem".
+    access  "r" (read), "w" (written), "rw" (both). A written tensor must not overlap itself or
+            any other tensor of the call, except `may_alias`, which it may be exactly (in place).
+    optional  None is accepted (the view's data is then nullptr and its checks are skipped).
+    layout  "last" (contiguous in the last dimension, any leading strides) or "any".
+scalar(name, type): "float" (double), "int" (int64_t), "bool".
+choice(name, {python value: C++ value}): a str in Python, the C++ value in the binding.
+require(cond, message): a C++ condition over the arguments (views and scalars by name) that must
+    hold; "{x}" in the message is scalar x's value.
+params(type, **fields): the backend's parameter struct, each field a C++ expression over the
+    arguments ("a.b" sets a nested member); the binding calls `call(p, ctx)`.
+
+The binding's arguments are the entry's in order, then `pdl` (when declared), `errors` (when
+declared: the device's index-error record) and `stream`. The first tensor read is the anchor:
+its device is the call's, and "elem" dtypes are checked against the module's through it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kiln.runtime.record import Record
+
+_IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
+_DIM = re.compile(r"^(?:(\d+)\*)?([a-z_][a-z0-9_]*)$")
+_EXPR = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*$")
+SCALAR_TYPES = {"float": ("double", "float"), "int": ("int64_t", "int"), "bool": ("bool", "bool")}
+# torch dtype names a tensor may declare, and their C++ element types (bindings' dl_dtype<T>).
+DTYPES = {"float32": "float", "float16": "kiln::f16_t", "bfloat16": "kiln::bf16_t",
+          "float8_e4m3fn": "kiln::e4m3_t", "float8_e5m2": "kiln::e5m2_t", "int32": "int32_t",
+          "int64": "int64_t", "uint8": "uint8_t"}
+
+
+class EntryError(ValueError):
+    """An entry declaration is invalid; the message names the entry and the argument."""
+
+
+class Dim(Record):
+    """One dimension of a declared shape: kind "lead" (name), "size" (name, coef) or "fixed" (coef)."""
+
+    __slots__ = ("kind", "name", "coef")
+
+    def __init__(self, kind: str, name: str, coef: int):
+        self._init(kind, name, coef)
+
+    def spelling(self) -> str:
+        if self.kind == "lead":
+            return "*" + self.name
+        if self.kind == "fixed":
+            return str(self.coef)
+        return self.name if self.coef == 1 else f"{self.coef}*{self.name}"
+
+
+class TensorArg(Record):
+    __slots__ = ("name", "shape", "dtype", "access", "optional", "may_alias", "layout", "ndim",
+                 "numel", "why")
+
+    def __init__(self, name, shape, dtype, access, optional, may_alias, layout, ndim, numel, why):
+        self._init(name, shape, dtype, access, optional, may_alias, layout, ndim, numel, why)
+
+    kind = "tensor"
+
+    @property
+    def read(self) -> bool:
+        return "r" in self.access
+
+    @property
+    def written(self) -> bool:
+        return "w" in self.access
+
+
+class ScalarArg(Record):
+    __slots__ = ("name", "type")
+
+    def __init__(self, name: str, type: str):
+        self._init(name, type)
+
+    kind = "scalar"
+
+
+class ChoiceArg(Record):
+    __slots__ = ("name", "values")  # ((python value, C++ value), ...)
+
+    def __init__(self, name: str, values: tuple[tuple[str, str], ...]):
+        self._init(name, values)
+
+    kind = "choice"
+
+
+class Require(Record):
+    __slots__ = ("cond", "message")
+
+    def __init__(self, cond: str, message: str):
+        self._init(cond, message)
+
+
+class Params(Record):
+    __slots__ = ("type", "fields")
+
+    def __init__(self, type: str, fields: tuple[tuple[str, str], ...]):
+        self._init(type, fields)
+
+
+class Entry(Record):
+    """One entry point: its arguments, the module axes they select, the backend call."""
+
+    __slots__ = ("name", "doc", "args", "params", "call", "dispatch", "api", "pdl", "errors",
+                 "requires")
+
+    def __init__(self, name, doc, args, params, call, dispatch, api, pdl, errors, requires):
+        self._init(name, doc, args, params, call, dispatch, api, pdl, errors, requires)
+
+    @property
+    def tensors(self) -> tuple[TensorArg, ...]:
+        return tuple(a for a in self.args if a.kind == "tensor")
+
+    @property
+    def anchor(self) -> TensorArg:
+        return next(t for t in self.tensors if t.read and not t.optional)
+
+    @property
+    def mutated(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tensors if t.written)
+
+    def arg(self, name: str):
+        return next(a for a in self.args if a.name == name)
+
+
+def parse_dim(where: str, spec, first: bool) -> Dim:
+    if isinstance(spec, int) and not isinstance(spec, bool) and spec >= 0:
+        return Dim("fixed", "", spec)
+    if isinstance(spec, str) and spec.startswith("*") and _IDENT.match(spec[1:]):
+        if not first:
+            raise EntryError(f"{where}: {spec!r} (leading dimensions) must be the shape's first entry")
+        return Dim("lead", spec[1:], 1)
+    m = _DIM.match(spec) if isinstance(spec, str) else None
+    if m is None:
+        raise EntryError(f"{where}: dimension {spec!r} must be a size name ('hidden'), a multiple "
+                         "('2*d'), a literal (1) or leading dimensions first ('*rows')")
+    coef = int(m.group(1) or 1)
+    if coef < 1:
+        raise EntryError(f"{where}: dimension {spec!r} needs a positive multiple")
+    return Dim("size", m.group(2), coef)
+
+
+def tensor(name: str, shape=None, *, dtype="elem", access: str = "r", optional: bool = False,
+           may_alias: str | None = None, layout: str = "last", ndim=None, numel: int | None = None,
+           why: str = "") -> TensorArg:
+    where = f"tensor({name!r})"
+    if not isinstance(name, str) or not _IDENT.match(name):
+        raise EntryError(f"{where}: the name must match {_IDENT.pattern}")
+    dims = None if shape is None else tuple(parse_dim(where, d, i == 0) for i, d in enumerate(shape))
+    if isinstance(dtype, dict):
+        if not dtype or any(k not in DTYPES for k in dtype):
+            raise EntryError(f"{where}: dtype= names {sorted(dtype)}; known: {', '.join(DTYPES)}")
+        dt = tuple((str(k), str(v)) for k, v in dtype.items())
+    elif dtype == "elem" or dtype in DTYPES:
+        dt = dtype
+    else:
+        raise EntryError(f"{where}: dtype={dtype!r} must be 'elem', a torch name ({', '.join(DTYPES)}) "
+                         "or {torch name: C++ value}")
+    if access not in ("r", "w", "rw"):
+        raise EntryError(f"{where}: access={access!r} must be 'r', 'w' or 'rw'")
+    if layout not in ("last", "any"):
+        raise EntryError(f"{where}: layout={layout!r} must be 'last' or 'any'")
+    if ndim is not None:
+        lo, hi = ndim
+        if not 0 <= lo <= hi <= 8:
+            raise EntryError(f"{where}: ndim={ndim!r} must be (lo, hi) with 0 <= lo <= hi <= 8")
+        ndim = (int(lo), int(hi))
+    if may_alias is not None and "w" not in access:
+        raise EntryError(f"{where}: may_alias= is for a written tensor (one computed in place)")
+    return TensorArg(name, dims, dt, access, bool(optional), may_alias, layout, ndim, numel, why)
+
+
+def scalar(name: str, type: str) -> ScalarArg:
+    if not isinstance(name, str) or not _IDENT.match(name):
+        raise EntryError(f"scalar({name!r}): the name must match {_IDENT.pattern}")
+    if type not in SCALAR_TYPES:
+        raise EntryError(f"scalar({name!r}): type={type!r} must be one of {', '.join(SCALAR_TYPES)}")
+    return ScalarArg(name, type)
+
+
+def choice(name: str, values: dict) -> ChoiceArg:
+    if not isinstance(name, str) or not _IDENT.match(name):
+        raise EntryError(f"choice({name!r}): the name must match {_IDENT.pattern}")
+    if not isinstance(values, dict) or not values:
+        raise EntryError(f"choice({name!r}): values= takes {{python value: C++ value}}")
+    return ChoiceArg(name, tuple((str(k), str(v)) for k, v in values.items()))
+
+
+def require(cond: str, message: str) -> Require:
+    if not cond or not message:
+        raise EntryError("require() needs a C++ condition and the message when it fails")
+    return Require(cond, message)
+
+
+def params(type: str, **fields: str) -> Params:
+    if not type or not fields:
+        raise EntryError("params() needs the struct's C++ type and its fields")
+    return Params(type, tuple((k.replace("__", "."), str(v)) for k, v in fields.items()))
+
+
+def entry(name: str, *, doc: str, args, params: Params, call: str, dispatch: dict | None = None,
+          api: str | None = None, pdl: bool = False, errors: bool = False, requires=()) -> Entry:
+    where = f"entry({name!r})"
+    if not isinstance(name, str) or not _IDENT.match(name):
+        raise EntryError(f"{where}: the name must match {_IDENT.pattern}")
+    args = tuple(args)
+    names = [a.name for a in args]
+    reserved = {"pdl", "errors", "stream"} & set(names)
+    if reserved:
+        raise EntryError(f"{where}: {sorted(reserved)} are the launch arguments the entry adds itself")
+    if len(set(names)) != len(names):
+        raise EntryError(f"{where}: argument names repeat: {names}")
+    if not isinstance(params, Params):
+        raise EntryError(f"{where}: params= takes params(type, field=expression, ...)")
+    tensors = [a for a in args if a.kind == "tensor"]
+    if not any(t.read and not t.optional for t in tensors):
+        raise EntryError(f"{where}: needs a tensor it reads that is not optional (the call's anchor)")
+    for t in tensors:
+        if t.may_alias is not None and t.may_alias not in names:
+            raise EntryError(f"{where}: {t.name} may_alias={t.may_alias!r}, not an argument")
+    leads: dict[str, int] = {}
+    for t in tensors:
+        for d in t.shape or ():
+            if d.kind == "lead":
+                leads[d.name] = leads.get(d.name, 0) + 1
+    for axis, expr in (dispatch or {}).items():
+        if not isinstance(expr, str) or not _EXPR.match(expr) or expr.split(".")[0] not in names:
+            raise EntryError(f"{where}: dispatch {axis}={expr!r} must be an argument's attribute "
+                             "('input.dtype')")
+    if api is not None:
+        for field in re.findall(r"{(\w+)}", api):
+            if field not in names:
+                raise EntryError(f"{where}: api={api!r} names {field!r}, not an argument")
+    for r in requires:
+        if not isinstance(r, Require):
+            raise EntryError(f"{where}: requires= takes require(cond, message) entries")
+    return Entry(name, doc, args, params, call, tuple((dispatch or {}).items()), api, bool(pdl),
+                 bool(errors), tuple(requires))
+
+
+# What BUILD files see, besides op_library and its siblings.
+BUILD_FUNCTIONS = {"entry": entry, "tensor": tensor, "scalar": scalar, "choice": choice,
+                   "require": require, "params": params}

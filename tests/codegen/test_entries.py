@@ -1,0 +1,151 @@
+"""Entry points declared in BUILD files, and the binding, custom op and trace tensors made from them.
+
+The generated launchers run in every converted family's own tests (activation, norm, rope: CPU
+here, CUDA on the GPU); these tests pin the declarations' checks and the generated text."""
+
+import pytest
+
+from kiln.codegen.binding import render_binding
+from kiln.codegen.graph import load_graph
+from kiln.codegen.rules import BuildFileError
+from tests.codegen.test_graph import make_tree
+
+ENTRY = """
+op_library(
+    name="x", host_srcs=["x.cc"], headers=["ops/x/x.h"], dispatch={{"dtype": ["f16"]}},
+    entries=[entry("go", doc="d", args=[{args}], params=params("P", a="1"), call="kiln::x::go"{extra})])
+"""
+
+
+def declare(tmp_path, args: str, extra: str = ""):
+    return make_tree(tmp_path, {"x": ENTRY.format(args=args, extra=extra)}).target("//ops:x")
+
+
+@pytest.mark.parametrize("args,extra,match", [
+    ('tensor("a", shape=["d", "*rows"])', "", "must be the shape's first entry"),
+    ('tensor("a", shape=["2x"])', "", "must be a size name"),
+    ('tensor("a", dtype="float128")', "", "must be 'elem', a torch name"),
+    ('tensor("a", dtype={"int4": "X"})', "", "dtype= names"),
+    ('tensor("a", access="x")', "", "access='x' must be"),
+    ('tensor("a", may_alias="b")', "", "may_alias= is for a written tensor"),
+    ('tensor("a", access="w")', "", "needs a tensor it reads that is not optional"),
+    ('tensor("a"), scalar("stream", "int")', "", "launch arguments the entry adds itself"),
+    ('tensor("a"), tensor("a")', "", "argument names repeat"),
+    ('tensor("a"), scalar("e", "double")', "", "type='double' must be one of"),
+    ('tensor("a")', ', dispatch={"dtype": "b.dtype"}', "must be an argument's attribute"),
+    ('tensor("a")', ', api="kiln.{b}"', "names 'b', not an argument"),
+    ('tensor("a"), tensor("o", access="w", may_alias="z")', "", "may_alias='z', not an argument"),
+])
+def test_invalid_entries_are_rejected_with_the_file_named(tmp_path, args, extra, match):
+    with pytest.raises(BuildFileError, match=match) as e:
+        declare(tmp_path, args, extra)
+    assert "BUILD.py" in str(e.value)
+
+
+def test_a_target_takes_a_binding_or_entries_not_both(tmp_path):
+    both = 'op_library(name="x", host_srcs=["x.cc"], binding="b.cc", entries=[])'
+    with pytest.raises(BuildFileError, match="needs binding= .* or entries="):
+        make_tree(tmp_path, {"x": both.replace("entries=[]", 'entries=[entry("g", doc="", '
+                                               'args=[tensor("a")], params=params("P", a="1"), call="g")]')})
+    with pytest.raises(BuildFileError, match="needs binding= .* or entries="):
+        make_tree(tmp_path, {"x": 'op_library(name="x", host_srcs=["x.cc"])'})
+
+
+def test_the_shape_relations_become_checks_in_order(tmp_path):
+    t = declare(tmp_path, 'tensor("out", shape=["*rows", "d"], access="w", may_alias="input"), '
+                          'tensor("input", shape=["*rows", "2*d"], ndim=(2, 3)), '
+                          'tensor("weight", shape=["2*d"], dtype="float32"), '
+                          'tensor("scale", numel=1, dtype="float32", optional=True), '
+                          'tensor("q", dtype={"float8_e4m3fn": "F::kE4M3", "float8_e5m2": "F::kE5M2"}, '
+                          'access="w"), scalar("eps", "float"), choice("mode", {"a": "M::kA", "b": "M::kB"})',
+                extra=', pdl=True, errors=True, '
+                      'requires=[require("eps >= 0", "eps must be >= 0, got {eps}")]')
+    text = render_binding(t, has_dtype=True)
+    body = text[text.index("void go("):]
+    expected = [
+        "void go(py::handle out_obj, py::handle input_obj, py::handle weight_obj, py::handle scale_obj, "
+        "py::handle q_obj, double eps, int64_t mode_index, bool pdl, uintptr_t errors, uintptr_t stream) {",
+        # the anchor first: the first tensor read
+        'const TensorView input = kb::view_of(input_obj, "input");',
+        "kb::check_backend_device(input);",
+        'kb::check_dtype(input, kDType, std::string("this module is ") + kiln::spec::kUri);',
+        "kb::check_ndim_between(input, 2, 3);",
+        'kb::check_multiple(input, -1, 2, "2*d");',
+        "const int64_t dim_d = input.size(-1) / 2;",
+        "kb::check_last_contiguous(input);",
+        "kb::check_element_aligned(input, sizeof(Elem));",
+        "kb::check_same_device(out, input);",
+        'kb::check_dtype(out, kDType, "the dtype of input");',
+        'kb::check_lead_shape(out, input, 1, {dim_d}, "input.shape[:-1] + [input.shape[-1] / 2]");',
+        'kb::check_dtype(weight, kb::dl_dtype<float>(), "weight is float32");',
+        "kb::check_ndim_between(weight, 1, 1);",
+        'kb::check_dim(weight, 0, 2 * dim_d, "2 * input.shape[-1] / 2");',
+        "if (!scale_obj.is_none()) {",
+        "kb::check_numel(scale, 1);",
+        "if (q.dtype == kb::dl_dtype<kiln::e4m3_t>()) return F::kE4M3;",
+        'kb::type_error("q.dtype must be float8_e4m3fn or float8_e5m2, got " + kb::dtype_str(q.dtype));',
+        "kb::check_element_aligned(q, (q.dtype.bits + 7) / 8);",
+        # what it writes: no self-overlap, no byte shared, except in place where declared
+        "kb::check_no_internal_overlap(out);",
+        "if (!kb::same_view(out, input)) kb::check_disjoint(out, input);",
+        "kb::check_disjoint(out, weight);",
+        "if (scale.data) kb::check_disjoint(out, scale);",
+        "kb::check_disjoint(out, q);",
+        "kb::check_no_internal_overlap(q);",
+        "if (scale.data) kb::check_disjoint(q, scale);",
+        "case 1:",
+        "return M::kB;",
+        'if (!(eps >= 0)) kb::value_error(std::string("eps must be >= 0, got ") + std::to_string(eps));',
+        "P p{};",
+        "p.a = 1;",
+        "const kiln::LaunchContext ctx = kb::launch_context(input, stream, errors, pdl);",
+        "s = kiln::x::go(p, ctx);",
+        "kb::raise_if_failed(s, kiln::spec::kUri);",
+    ]
+    at = 0
+    for line in expected:
+        found = body.find(line, at)
+        assert found >= 0, f"missing or out of order: {line}\n{body}"
+        at = found + len(line)
+    assert "kb::check_disjoint(q, out)" not in body  # each pair once
+    assert '#include "ops/x/x.h"' in text and "kb::export_error_texts(m);" in text
+    assert ('py::arg("mode"), py::arg("pdl") = false, py::arg("errors") = 0, py::arg("stream") = 0' in
+            " ".join(text.split()))
+    assert all(len(line) <= 110 for line in text.splitlines() if line.lstrip().startswith(("m.def", "py::")))
+
+
+def test_an_elem_tensor_needs_a_dtype_axis(tmp_path):
+    t = declare(tmp_path, 'tensor("a")')
+    with pytest.raises(ValueError, match="no dtype axis"):
+        render_binding(t, has_dtype=False)
+
+
+def test_activation_is_generated_and_its_key_follows_the_build_file():
+    from kiln.codegen import render
+    from kiln.codegen.dispatch import specialisation
+    from kiln.codegen.specs import compile_spec
+
+    graph = load_graph()
+    target = graph.target("//ops:activation")
+    assert target.binding == "" and [e.name for e in target.entries] == ["act_and_mul"]
+    spec = compile_spec(specialisation(target, {"dtype": "bf16"}), "host", graph)
+    assert spec.units[-1].name == "activation_binding.cc"
+    inputs = {p.name for p in render.template_inputs(specialisation(target, {"dtype": "bf16"}))}
+    assert {"BUILD.py", "binding.py", "entries.py"} <= inputs
+
+
+def test_the_python_launcher_and_the_op_schema_follow_the_entry():
+    import torch
+
+    import kiln.activation  # noqa: F401 - registers kiln::act_and_mul
+    from kiln._entries import find_entry, launcher_source
+
+    source = launcher_source(find_entry("//ops:activation", "act_and_mul"), "//ops:activation")
+    assert source == (
+        "def act_and_mul(out: torch.Tensor, input: torch.Tensor, act: str, pdl: bool) -> None:\n"
+        "    mod = _modules.get(f'kiln.{act}_and_mul', input.device, input.dtype)\n"
+        "    mod.act_and_mul(_dl(out), _dl(input), _choice_act[act], pdl, _stream_of(input.device))\n")
+    schema = str(torch.ops.kiln.act_and_mul.default._schema)
+    assert schema == "kiln::act_and_mul(Tensor(a0!) out, Tensor input, str act, bool pdl) -> ()"
+    with pytest.raises(LookupError, match="declares no entry 'nope'; its entries: act_and_mul"):
+        find_entry("//ops:activation", "nope")
