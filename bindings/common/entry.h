@@ -71,6 +71,17 @@ inline int64_t leading_count(const TensorView& t) {
   return n;
 }
 
+// The row view of a 2-D or 3-D tensor: [d0, d1, cols] with strides s0, s1 (elements); a 2-D one is
+// [1, rows, cols].
+struct Rows3 {
+  int64_t d0, d1, cols, s0, s1;
+};
+
+inline Rows3 rows3(const TensorView& t) {
+  if (t.ndim == 2) return {1, t.size(0), t.size(1), 0, t.stride(0)};
+  return {t.size(0), t.size(1), t.size(2), t.stride(0), t.stride(1)};
+}
+
 // The stride between consecutive rows once the leading dimensions are folded into one; an error
 // when they do not fold (a row stride that changes from one leading index to the next).
 inline int64_t folded_row_stride(const TensorView& t) {

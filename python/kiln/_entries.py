@@ -77,6 +77,7 @@ def entry_launcher(label: str, entry):
     exec(code, namespace)  # noqa: S102 - source made from kiln's own BUILD declarations
     fn = namespace[entry.name]
     fn.__doc__ = f"{entry.doc}\n\n(the launcher of {label}'s entry {entry.name}, generated)"
+    fn.modules = namespace["_modules"]  # its module lookup (benchmarks/host_overhead.py times it)
     return fn
 
 

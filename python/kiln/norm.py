@@ -44,14 +44,13 @@ import numbers
 
 import torch
 
-from . import _jit, _pdl
-from ._ops import custom_op
+from . import _pdl
+from ._entries import entry_op
 from .api_logging import logged_api
 from .trace import norm as norm_traces
 from .trace import traced
 
 LABEL = "//ops:norm"
-_MODULES = _jit.Modules(LABEL, "dtype", names={"dtype": "input.dtype"})  # names: as an error says it
 
 
 def _check_tensors(api: str, names: str, *tensors) -> None:
@@ -64,61 +63,19 @@ def _check_tensors(api: str, names: str, *tensors) -> None:
                     raise TypeError(f"{api}: {name} must be a torch.Tensor, got {type(value).__name__}")
 
 
-@custom_op("rmsnorm", mutates=("out",))
-def _rmsnorm_op(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, eps: float,
-                weight_offset: float, pdl: bool) -> None:
-    mod = _MODULES.get("kiln.rmsnorm", input.device, input.dtype)
-    dl = _jit.dl  # the binding's arguments by position (out, input, weight, eps, weight_offset, pdl, stream)
-    mod.rmsnorm(dl(out), dl(input), dl(weight), eps, weight_offset, pdl, _jit.stream_of(input.device))
-
-
-@custom_op("fused_add_rmsnorm", mutates=("input", "residual"))
-def _fused_add_rmsnorm_op(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                          eps: float, weight_offset: float, pdl: bool) -> None:
-    mod = _MODULES.get("kiln.fused_add_rmsnorm", input.device, input.dtype)
-    dl = _jit.dl  # (input, residual, weight, eps, weight_offset, pdl, stream)
-    mod.fused_add_rmsnorm(dl(input), dl(residual), dl(weight), eps, weight_offset, pdl,
-                          _jit.stream_of(input.device))
-
-
-def _dl_or_none(t: torch.Tensor | None):
-    return None if t is None else _jit.dl(t)
-
-
-@custom_op("rmsnorm_quant", mutates=("out",))
-def _rmsnorm_quant_op(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
-                      scale: torch.Tensor | None, scale_value: float, eps: float, pdl: bool) -> None:
-    mod = _MODULES.get("kiln.rmsnorm_quant", input.device, input.dtype)
-    mod.rmsnorm_quant(out=_jit.dl(out), input=_jit.dl(input), weight=_jit.dl(weight),
-                      scale=_dl_or_none(scale), scale_value=scale_value, eps=eps, pdl=pdl,
-                      stream=_jit.stream_of(input.device))
-
-
-@custom_op("fused_add_rmsnorm_quant", mutates=("out", "residual"))
-def _fused_add_rmsnorm_quant_op(out: torch.Tensor, input: torch.Tensor, residual: torch.Tensor,
-                                weight: torch.Tensor, scale: torch.Tensor | None, scale_value: float,
-                                eps: float, pdl: bool) -> None:
-    mod = _MODULES.get("kiln.fused_add_rmsnorm_quant", input.device, input.dtype)
-    mod.fused_add_rmsnorm_quant(out=_jit.dl(out), input=_jit.dl(input), residual=_jit.dl(residual),
-                                weight=_jit.dl(weight), scale=_dl_or_none(scale), scale_value=scale_value,
-                                eps=eps, pdl=pdl, stream=_jit.stream_of(input.device))
-
-
-@custom_op("layernorm_quant", mutates=("out",))
-def _layernorm_quant_op(out: torch.Tensor, input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor,
-                        scale: torch.Tensor | None, scale_value: float, eps: float) -> None:
-    mod = _MODULES.get("kiln.layernorm_quant", input.device, input.dtype)
-    mod.layernorm_quant(out=_jit.dl(out), input=_jit.dl(input), gemma=_jit.dl(gemma), beta=_jit.dl(beta),
-                        scale=_dl_or_none(scale), scale_value=scale_value, eps=eps,
-                        stream=_jit.stream_of(input.device))
-
-
-@custom_op("layernorm", mutates=("out",))
-def _layernorm_op(out: torch.Tensor, input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor,
-                  eps: float) -> None:
-    mod = _MODULES.get("kiln.layernorm", input.device, input.dtype)
-    mod.layernorm(out=_jit.dl(out), input=_jit.dl(input), gemma=_jit.dl(gemma), beta=_jit.dl(beta), eps=eps,
-                  stream=_jit.stream_of(input.device))
+# The ops and their launchers, from the entries in ops/norm/BUILD.py (the binding's signatures):
+#   kiln::rmsnorm(out, input, weight, eps, weight_offset, pdl)
+#   kiln::fused_add_rmsnorm(input, residual, weight, eps, weight_offset, pdl)   (input, residual written)
+#   kiln::layernorm(out, input, gemma, beta, eps)
+#   kiln::rmsnorm_quant(out, input, weight, scale, scale_value, eps, pdl)
+#   kiln::fused_add_rmsnorm_quant(out, input, residual, weight, scale, scale_value, eps, pdl)
+#   kiln::layernorm_quant(out, input, gemma, beta, scale, scale_value, eps)
+_rmsnorm_op = entry_op(LABEL, "rmsnorm")
+_fused_add_rmsnorm_op = entry_op(LABEL, "fused_add_rmsnorm")
+_layernorm_op = entry_op(LABEL, "layernorm")
+_rmsnorm_quant_op = entry_op(LABEL, "rmsnorm_quant")
+_fused_add_rmsnorm_quant_op = entry_op(LABEL, "fused_add_rmsnorm_quant")
+_layernorm_quant_op = entry_op(LABEL, "layernorm_quant")
 
 
 def _rmsnorm(input, weight, eps, out, weight_offset, enable_pdl):

@@ -53,7 +53,7 @@ def test_gen_renders_and_prints_where(tmp_path):
     name, path = line.split()
     assert name == "norm_dtype_bf16_host"
     assert (tmp_path / "generated") in [p for p in __import__("pathlib").Path(path).parents]
-    assert {p for p in os.listdir(path)} == {"spec_config.h", "norm_host.cc", "norm.cc"}
+    assert {p for p in os.listdir(path)} == {"spec_config.h", "norm_host.cc", "norm_binding.cc"}
 
 
 def test_build_host_then_cached_then_explain_then_clean(tmp_path):

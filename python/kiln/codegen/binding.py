@@ -79,7 +79,8 @@ class _Shapes:
                 var = f"dim_{d.name}"
                 if d.coef > 1:
                     out.append(f"{ind}kb::check_multiple({n}, {j}, {d.coef}, {_cpp_string(d.spelling())});")
-                out.append(f"{ind}const int64_t {var} = {size}{f' / {d.coef}' if d.coef > 1 else ''};")
+                value = f"{size} / {d.coef}" if d.coef > 1 else size
+                out.append(f"{ind}[[maybe_unused]] const int64_t {var} = {value};")
                 origin = f"{n}.shape[{j}]" + (f" / {d.coef}" if d.coef > 1 else "")
                 self.sizes[d.name] = (var, origin)
                 checks.append((j, var, None))  # bound here: nothing to check
@@ -208,7 +209,8 @@ def launcher(entry: Entry, uri_words: str) -> list[str]:
             if w.may_alias == o.name or o.may_alias == w.name:
                 conds.append(f"!kb::same_view({w.name}, {o.name})")
             guard = f"if ({' && '.join(conds)}) " if conds else ""
-            out.append(f"{ind}{guard}kb::check_disjoint({w.name}, {o.name});")
+            a, b = sorted((w, o), key=tensors.index)  # named in declaration order
+            out.append(f"{ind}{guard}kb::check_disjoint({a.name}, {b.name});")
     for a in entry.args:
         if a.kind != "choice":
             continue

@@ -59,7 +59,8 @@ def _sources(spec: CompileSpec, ws: Workspace, full: bool) -> dict:
     files = []
     for f in sorted(gen.iterdir()) if gen.is_dir() else []:
         item = {"name": f.name, "bytes": f.stat().st_size,
-                "kind": "copied" if f.name in units else "rendered"}
+                # a unit without a source file is generated (a binding from entries): shown in full
+                "kind": "copied" if f.name in units and f.name in origins else "rendered"}
         origin = origins.get(f.name)
         if item["kind"] == "copied" and origin is not None:
             item["from"] = str(origin.relative_to(root)) if origin.is_relative_to(root) else str(origin)

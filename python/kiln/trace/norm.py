@@ -19,15 +19,20 @@ from __future__ import annotations
 import torch
 
 from .examples import DECODE_BATCHES, GEMMA_MODELS, LLM_MODELS, PREFILL_TOKENS, Model
-from .template import Example, Scalar, Tensor, TraceTemplate, const, var
+from .template import Example, Scalar, Tensor, TraceTemplate, const, entry_tensors, var
 
 TOLERANCE = {"bfloat16": (1.6e-2, 8e-3), "float16": (2e-3, 1e-3), "float32": (2e-5, 2e-5)}
 AXES = {
     "tokens": var("rows normalised in one call: decode batch size or prefill tokens"),
     "hidden": const(doc="the model's hidden size, normalised over"),
 }
-ROWS = Tensor(("tokens", "hidden"))
-WEIGHT = Tensor(("hidden",))
+# The tensors of the BUILD file's entries, in trace axes: rows (tokens, hidden), weight (hidden,);
+# fused_add_rmsnorm's input and residual are inputs and outputs both.
+_AXES = {"rows": "tokens", "hidden": "hidden"}
+RMS_IN, RMS_OUT = entry_tensors("//ops:norm", "rmsnorm", _AXES)
+FUSED_IN, FUSED_OUT = entry_tensors("//ops:norm", "fused_add_rmsnorm", _AXES)
+LN_IN, LN_OUT = entry_tensors("//ops:norm", "layernorm", _AXES)
+ROWS, WEIGHT = RMS_IN["input"], RMS_IN["weight"]
 EPS = Scalar("float32", 1e-6, "added to the mean square")
 # Small CPU workloads for CI: one row, and an odd count that exercises the row loop.
 SMALL = ({"tokens": 1}, {"tokens": 33})
@@ -113,8 +118,8 @@ RMSNORM = TraceTemplate(
     target="//ops:norm",
     description="out = input / sqrt(mean(input^2, -1) + eps) * weight",
     axes=AXES,
-    inputs={"input": ROWS, "weight": WEIGHT, "eps": EPS},
-    outputs={"out": ROWS},
+    inputs={**RMS_IN, "eps": EPS},
+    outputs=RMS_OUT,
     reference=rmsnorm_reference,
     tolerance=TOLERANCE,
     examples=norm_examples(LLM_MODELS),
@@ -127,8 +132,8 @@ FUSED_ADD_RMSNORM = TraceTemplate(
     target="//ops:norm",
     description="in place: residual += input; input = rmsnorm(residual, weight, eps)",
     axes=AXES,
-    inputs={"input": ROWS, "residual": ROWS, "weight": WEIGHT, "eps": EPS},
-    outputs={"input": ROWS, "residual": ROWS},
+    inputs={**FUSED_IN, "eps": EPS},
+    outputs=FUSED_OUT,
     reference=fused_add_rmsnorm_reference,
     tolerance=TOLERANCE,
     examples=norm_examples(LLM_MODELS),
@@ -141,8 +146,8 @@ GEMMA_RMSNORM = TraceTemplate(
     target="//ops:norm",
     description="out = input / sqrt(mean(input^2, -1) + eps) * (1 + weight)",
     axes=AXES,
-    inputs={"input": ROWS, "weight": WEIGHT, "eps": EPS},
-    outputs={"out": ROWS},
+    inputs={**RMS_IN, "eps": EPS},
+    outputs=RMS_OUT,
     reference=gemma_rmsnorm_reference,
     tolerance=TOLERANCE,
     examples=norm_examples(GEMMA_MODELS),
@@ -155,8 +160,8 @@ GEMMA_FUSED_ADD_RMSNORM = TraceTemplate(
     target="//ops:norm",
     description="in place: residual += input; input = gemma_rmsnorm(residual, weight, eps)",
     axes=AXES,
-    inputs={"input": ROWS, "residual": ROWS, "weight": WEIGHT, "eps": EPS},
-    outputs={"input": ROWS, "residual": ROWS},
+    inputs={**FUSED_IN, "eps": EPS},
+    outputs=FUSED_OUT,
     reference=gemma_fused_add_rmsnorm_reference,
     tolerance=TOLERANCE,
     examples=norm_examples(GEMMA_MODELS),
@@ -169,9 +174,8 @@ LAYERNORM = TraceTemplate(
     target="//ops:norm",
     description="out = (input - mean) / sqrt(var + eps) * gemma + beta (gemma, beta float32)",
     axes=AXES,
-    inputs={"input": ROWS, "gemma": Tensor(("hidden",), "float32"), "beta": Tensor(("hidden",), "float32"),
-            "eps": EPS},
-    outputs={"out": ROWS},
+    inputs={**LN_IN, "eps": EPS},
+    outputs=LN_OUT,
     reference=layernorm_reference,
     tolerance=TOLERANCE,
     examples=norm_examples(LLM_MODELS),
@@ -213,8 +217,8 @@ LAYERNORM_QUANT = TraceTemplate(
     target="//ops:norm",
     description="out = fp8(((input - mean) / sqrt(var + eps) * gemma + beta) / scale) (gemma, beta float32)",
     axes=AXES,
-    inputs={"out": FP8_ROWS, "input": ROWS, "gemma": Tensor(("hidden",), "float32"),
-            "beta": Tensor(("hidden",), "float32"), "scale": SCALE, "eps": EPS},
+    inputs={"out": FP8_ROWS, "input": ROWS, "gemma": LN_IN["gemma"], "beta": LN_IN["beta"], "scale": SCALE,
+            "eps": EPS},
     outputs={"out": FP8_ROWS},
     reference=layernorm_quant_reference,
     tolerance=QUANT_TOLERANCE,
