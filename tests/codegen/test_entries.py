@@ -149,3 +149,19 @@ def test_the_python_launcher_and_the_op_schema_follow_the_entry():
     assert schema == "kiln::act_and_mul(Tensor(a0!) out, Tensor input, str act, bool pdl) -> ()"
     with pytest.raises(LookupError, match="declares no entry 'nope'; its entries: act_and_mul"):
         find_entry("//ops:activation", "nope")
+
+
+def test_an_in_place_variant_passes_the_input_for_the_output_it_aliases():
+    from kiln._entries import entry_op, find_entry, launcher_source
+
+    entry = find_entry("//ops:activation", "act_and_mul")
+    source = launcher_source(entry, "//ops:activation", fn_name="act_and_mul_inplace",
+                             alias={"out": "input"}, api="kiln.act_inplace")
+    assert source == (
+        "def act_and_mul_inplace(input: torch.Tensor, act: str, pdl: bool) -> None:\n"
+        "    mod = _modules.get('kiln.act_inplace', input.device, input.dtype)\n"
+        "    mod.act_and_mul(_dl(input), _dl(input), _choice_act[act], pdl, _stream_of(input.device))\n")
+    with pytest.raises(ValueError, match="needs an op_name of its own"):
+        entry_op("//ops:activation", "act_and_mul", alias={"out": "input"})
+    with pytest.raises(ValueError, match="alias 'input': 'out' must map a tensor the entry writes"):
+        entry_op("//ops:activation", "act_and_mul", op_name="x_inplace", alias={"input": "out"})
