@@ -33,6 +33,17 @@ inline void check_multiple(const TensorView& t, int dim, int64_t factor, const c
   }
 }
 
+// t.shape[dim] is at least `lo`: a declared "batch+1" dimension (an indptr), whose batch is >= 0.
+inline void check_size_at_least(const TensorView& t, int dim, int64_t lo, const char* declared) {
+  if (t.size(dim) >= lo) return;
+  if (t.ndim == 1) {
+    value_error(t.name + " must have " + declared + " >= " + std::to_string(lo) + " elements, got shape " +
+                t.shape_str());
+  }
+  value_error(t.name + ".shape[" + std::to_string(dim) + "] (" + declared + ") must be >= " + std::to_string(lo) +
+              ", got " + std::to_string(t.size(dim)) + " (shape " + t.shape_str() + ")");
+}
+
 // t's shape is ref's leading dimensions (all but its last `ref_trailing`) followed by `trailing`;
 // `explain` says where each came from.
 inline void check_lead_shape(const TensorView& t, const TensorView& ref, int ref_trailing,

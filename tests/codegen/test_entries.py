@@ -165,3 +165,17 @@ def test_an_in_place_variant_passes_the_input_for_the_output_it_aliases():
         entry_op("//ops:activation", "act_and_mul", alias={"out": "input"})
     with pytest.raises(ValueError, match="alias 'input': 'out' must map a tensor the entry writes"):
         entry_op("//ops:activation", "act_and_mul", op_name="x_inplace", alias={"input": "out"})
+
+
+def test_an_indptr_dimension_binds_its_size_minus_the_constant(tmp_path):
+    t = declare(tmp_path, 'tensor("indptr", shape=["batch+1"], dtype="int32"), '
+                          'tensor("offsets", shape=["batch"], dtype="int32"), '
+                          'tensor("ends", shape=["batch+1"], dtype="int32")')
+    body = render_binding(t, has_dtype=True)
+    for line in ('kb::check_size_at_least(indptr, 0, 1, "batch + 1");',
+                 "[[maybe_unused]] const int64_t dim_batch = indptr.size(0) - 1;",
+                 'kb::check_dim(offsets, 0, dim_batch, "indptr.shape[0] - 1");',
+                 'kb::check_dim(ends, 0, dim_batch + 1, "indptr.shape[0] - 1 + 1");'):
+        assert line in body, line
+    from kiln.codegen.entries import tensor
+    assert tensor("x", shape=["n+2"]).shape[0].spelling() == "n+2"

@@ -62,13 +62,16 @@ class _Shapes:
             out.append(f"{ind}kb::check_ndim_between({n}, {lo}, {hi});")
             if lead:
                 self.leads[lead.name] = (t, k)
-        elif any(d.kind == "size" and d.name not in self.sizes for d in dims):
+        elif any(d.kind in ("size", "plus") and d.name not in self.sizes for d in dims):
             # it binds a size of its own, read before the whole shape is compared
             out.append(f"{ind}kb::check_ndim_at_least({n}, {k});")
         checks = []
         for i, d in enumerate(x for x in dims if x.kind != "lead"):
             j = i - k if lead else i  # from the end past leading dimensions
             size = f"{n}.size({j})"
+            if d.kind == "plus":
+                checks.append(self.offset(t, j, d, out, ind))
+                continue
             if d.kind == "fixed":
                 checks.append((j, str(d.coef), str(d.coef)))
             elif d.name in self.sizes:
@@ -97,6 +100,18 @@ class _Shapes:
         for j, expected, origin in checks:
             if origin is not None:
                 out.append(f"{ind}kb::check_dim({n}, {j}, {expected}, {_cpp_string(origin)});")
+
+    def offset(self, t: TensorArg, j: int, d, out: list[str], ind: str):
+        """A "batch+1" dimension: bound here as batch = size - 1 (the size must be >= 1), else checked."""
+        if d.name in self.sizes:
+            var, origin = self.sizes[d.name]
+            return (j, f"{var} + {d.coef}", f"{origin} + {d.coef}")
+        n, var = t.name, f"dim_{d.name}"
+        words = _cpp_string(f"{d.name} + {d.coef}")
+        out.append(f"{ind}kb::check_size_at_least({n}, {j}, {d.coef}, {words});")
+        out.append(f"{ind}[[maybe_unused]] const int64_t {var} = {n}.size({j}) - {d.coef};")
+        self.sizes[d.name] = (var, f"{n}.shape[{j}] - {d.coef}")
+        return (j, var, None)
 
 
 def _elem_size(t: TensorArg) -> str:

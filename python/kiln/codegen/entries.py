@@ -18,7 +18,8 @@ and the trace template's tensors are all generated from.
 
 tensor(name, shape, dtype, access, ...):
     shape   a list of dimensions: "hidden" (a size, named: bound where it first appears, checked
-            everywhere else), "2*d" (a multiple of a named size), 1 (a literal), and first, at
+            everywhere else), "2*d" (a multiple of a named size), "batch+1" (a size plus a
+            constant: an indptr), 1 (a literal), and first, at
             most once, "*rows" (any number of leading dimensions, the same in every tensor naming
             rows; ndim=(lo, hi) bounds the total). None: any shape (numel= may fix the count).
     dtype   "elem" (the module's element type, kiln::spec::dtype), a torch name ("float32"),
@@ -48,6 +49,7 @@ from kiln.runtime.record import Record
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 _DIM = re.compile(r"^(?:(\d+)\*)?([a-z_][a-z0-9_]*)$")
+_PLUS = re.compile(r"^([a-z_][a-z0-9_]*)\+(\d+)$")  # "batch+1": a size plus a constant (indptr)
 _EXPR = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*$")
 SCALAR_TYPES = {"float": ("double", "float"), "int": ("int64_t", "int"), "bool": ("bool", "bool")}
 # torch dtype names a tensor may declare, and their C++ element types (bindings' dl_dtype<T>).
@@ -61,7 +63,8 @@ class EntryError(ValueError):
 
 
 class Dim(Record):
-    """One dimension of a declared shape: kind "lead" (name), "size" (name, coef) or "fixed" (coef)."""
+    """One dimension of a declared shape: kind "lead" (name), "size" (name, coef), "fixed" (coef) or
+    "plus" (name + coef: "batch+1")."""
 
     __slots__ = ("kind", "name", "coef")
 
@@ -73,6 +76,8 @@ class Dim(Record):
             return "*" + self.name
         if self.kind == "fixed":
             return str(self.coef)
+        if self.kind == "plus":
+            return f"{self.name}+{self.coef}"
         return self.name if self.coef == 1 else f"{self.coef}*{self.name}"
 
 
@@ -158,6 +163,9 @@ def parse_dim(where: str, spec, first: bool) -> Dim:
         if not first:
             raise EntryError(f"{where}: {spec!r} (leading dimensions) must be the shape's first entry")
         return Dim("lead", spec[1:], 1)
+    plus = _PLUS.match(spec) if isinstance(spec, str) else None
+    if plus is not None:
+        return Dim("plus", plus.group(1), int(plus.group(2)))
     m = _DIM.match(spec) if isinstance(spec, str) else None
     if m is None:
         raise EntryError(f"{where}: dimension {spec!r} must be a size name ('hidden'), a multiple "
