@@ -179,3 +179,15 @@ def test_an_indptr_dimension_binds_its_size_minus_the_constant(tmp_path):
         assert line in body, line
     from kiln.codegen.entries import tensor
     assert tensor("x", shape=["n+2"]).shape[0].spelling() == "n+2"
+
+
+def test_size_words_name_where_a_size_came_from_in_shape_errors(tmp_path):
+    t = declare(tmp_path, 'tensor("q", shape=["nnz", "heads", "dim"]), '
+                          'tensor("k", shape=["nnz", "kv", "dim"])',
+                extra=', size_words={"nnz": "q.shape[0] (nnz)"}')
+    body = render_binding(t, has_dtype=True)
+    assert 'kb::check_dim(k, 0, dim_nnz, "q.shape[0] (nnz)");' in body
+    assert 'kb::check_dim(k, 2, dim_dim, "q.shape[2]");' in body
+    (tmp_path / "b").mkdir()
+    with pytest.raises(BuildFileError, match="size_words= names 'tokens', not a declared size"):
+        declare(tmp_path / "b", 'tensor("q", shape=["nnz"])', extra=', size_words={"tokens": "x"}')

@@ -45,7 +45,8 @@ class _Shapes:
     """The sizes and leading dimensions bound so far while checking one entry's tensors in order:
     name -> (C++ variable, the words an error uses for where it came from)."""
 
-    def __init__(self):
+    def __init__(self, words=()):
+        self.words = dict(words)  # an entry's size_words: how errors name a size instead
         self.sizes: dict[str, tuple[str, str]] = {}
         self.leads: dict[str, tuple[TensorArg, int]] = {}  # name -> (its tensor, trailing dims)
 
@@ -76,6 +77,7 @@ class _Shapes:
                 checks.append((j, str(d.coef), str(d.coef)))
             elif d.name in self.sizes:
                 var, origin = self.sizes[d.name]
+                origin = self.words.get(d.name, origin)
                 checks.append((j, var if d.coef == 1 else f"{d.coef} * {var}",
                                origin if d.coef == 1 else f"{d.coef} * {origin}"))
             else:
@@ -105,7 +107,7 @@ class _Shapes:
         """A "batch+1" dimension: bound here as batch = size - 1 (the size must be >= 1), else checked."""
         if d.name in self.sizes:
             var, origin = self.sizes[d.name]
-            return (j, f"{var} + {d.coef}", f"{origin} + {d.coef}")
+            return (j, f"{var} + {d.coef}", f"{self.words.get(d.name, origin)} + {d.coef}")
         n, var = t.name, f"dim_{d.name}"
         words = _cpp_string(f"{d.name} + {d.coef}")
         out.append(f"{ind}kb::check_size_at_least({n}, {j}, {d.coef}, {words});")
@@ -177,7 +179,7 @@ def launcher(entry: Entry, uri_words: str) -> list[str]:
     out = [f"void {entry.name}({', '.join(sig)}) {{"]
     ind = "  "
     anchor = entry.anchor
-    shapes = _Shapes()
+    shapes = _Shapes(entry.size_words)
     order = [anchor] + [t for t in entry.tensors if t is not anchor]
     for t in order:
         n = t.name

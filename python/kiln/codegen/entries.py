@@ -33,6 +33,8 @@ scalar(name, type): "float" (double), "int" (int64_t), "bool".
 choice(name, {python value: C++ value}): a str in Python, the C++ value in the binding.
 require(cond, message): a C++ condition over the arguments (views and scalars by name) that must
     hold; "{x}" in the message is scalar x's value.
+size_words={size: words}: how a shape error names where a declared size came from, instead of
+    the dimension it was read from ("q.shape[0] (nnz)" for "q.shape[0]").
 params(type, **fields): the backend's parameter struct, each field a C++ expression over the
     arguments ("a.b" sets a nested member); the binding calls `call(p, ctx)`.
 
@@ -135,10 +137,10 @@ class Entry(Record):
     """One entry point: its arguments, the module axes they select, the backend call."""
 
     __slots__ = ("name", "doc", "args", "params", "call", "dispatch", "api", "pdl", "errors",
-                 "requires")
+                 "requires", "size_words")
 
-    def __init__(self, name, doc, args, params, call, dispatch, api, pdl, errors, requires):
-        self._init(name, doc, args, params, call, dispatch, api, pdl, errors, requires)
+    def __init__(self, name, doc, args, params, call, dispatch, api, pdl, errors, requires, size_words=()):
+        self._init(name, doc, args, params, call, dispatch, api, pdl, errors, requires, size_words)
 
     @property
     def tensors(self) -> tuple[TensorArg, ...]:
@@ -235,7 +237,8 @@ def params(type: str, **fields: str) -> Params:
 
 
 def entry(name: str, *, doc: str, args, params: Params, call: str, dispatch: dict | None = None,
-          api: str | None = None, pdl: bool = False, errors: bool = False, requires=()) -> Entry:
+          api: str | None = None, pdl: bool = False, errors: bool = False, requires=(),
+          size_words: dict | None = None) -> Entry:
     where = f"entry({name!r})"
     if not isinstance(name, str) or not _IDENT.match(name):
         raise EntryError(f"{where}: the name must match {_IDENT.pattern}")
@@ -270,8 +273,13 @@ def entry(name: str, *, doc: str, args, params: Params, call: str, dispatch: dic
     for r in requires:
         if not isinstance(r, Require):
             raise EntryError(f"{where}: requires= takes require(cond, message) entries")
+    sizes = {d.name for t in tensors for d in t.shape or () if d.kind in ("size", "plus")}
+    for size in size_words or {}:
+        if size not in sizes:
+            raise EntryError(f"{where}: size_words= names {size!r}, not a declared size "
+                             f"({', '.join(sorted(sizes))})")
     return Entry(name, doc, args, params, call, tuple((dispatch or {}).items()), api, bool(pdl),
-                 bool(errors), tuple(requires))
+                 bool(errors), tuple(requires), tuple((size_words or {}).items()))
 
 
 # What BUILD files see, besides op_library and its siblings.
