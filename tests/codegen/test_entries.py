@@ -191,3 +191,14 @@ def test_size_words_name_where_a_size_came_from_in_shape_errors(tmp_path):
     (tmp_path / "b").mkdir()
     with pytest.raises(BuildFileError, match="size_words= names 'tokens', not a declared size"):
         declare(tmp_path / "b", 'tensor("q", shape=["nnz"])', extra=', size_words={"tokens": "x"}')
+
+
+def test_require_messages_take_sizes_and_cpp_expressions(tmp_path):
+    t = declare(tmp_path, 'tensor("q", shape=["nnz", "dim"]), scalar("rd", "int")',
+                extra=', requires=[require("rd <= dim_dim && q.ndim == 2", '
+                      '"rd must be in [2, dim = {dim}], got {rd} (q {q}, {q.size(-1)} / {kMax})")]')
+    body = render_binding(t, has_dtype=True)
+    want = ('if (!(rd <= dim_dim && q.ndim == 2)) kb::value_error(std::string("rd must be in '
+            '[2, dim = ") + std::to_string(dim_dim) + "], got " + std::to_string(rd) + " (q " + '
+            'q.shape_str() + ", " + std::to_string(q.size(-1)) + " / " + std::to_string(kMax) + ")");')
+    assert want in body

@@ -147,11 +147,17 @@ def _dtype_check(t: TensorArg, anchor: TensorArg, uri_words: str, out: list[str]
 
 def _interpolate(entry: Entry, message: str) -> str:
     parts = []
-    for piece in re.split(r"({\w+})", message):
-        m = re.fullmatch(r"{(\w+)}", piece)
+    names = {a.name for a in entry.args}
+    sizes = {d.name for t in entry.tensors for d in t.shape or () if d.kind in ("size", "plus")}
+    for piece in re.split(r"({[^{}]+})", message):
+        m = re.fullmatch(r"{([^{}]+)}", piece)
         if m is None:
             if piece:
                 parts.append(_cpp_string(piece))
+            continue
+        if m.group(1) not in names:  # a declared size's value, or a C++ integer expression's
+            value = f"dim_{m.group(1)}" if m.group(1) in sizes else m.group(1)
+            parts.append(f"std::to_string({value})")
             continue
         arg = entry.arg(m.group(1))
         if arg.kind == "scalar" and arg.type == "bool":

@@ -31,8 +31,9 @@ tensor(name, shape, dtype, access, ...):
     layout  "last" (contiguous in the last dimension, any leading strides) or "any".
 scalar(name, type): "float" (double), "int" (int64_t), "bool".
 choice(name, {python value: C++ value}): a str in Python, the C++ value in the binding.
-require(cond, message): a C++ condition over the arguments (views and scalars by name) that must
-    hold; "{x}" in the message is scalar x's value.
+require(cond, message): a C++ condition over the arguments (views and scalars by name, a declared
+    size as dim_<name>) that must hold; "{x}" in the message is scalar x's value (a tensor's shape,
+    a declared size's value, or else the value of that C++ integer expression: "{k.size(-1)}").
 size_words={size: words}: how a shape error names where a declared size came from, instead of
     the dimension it was read from ("q.shape[0] (nnz)" for "q.shape[0]").
 params(type, **fields): the backend's parameter struct, each field a C++ expression over the
