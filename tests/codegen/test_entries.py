@@ -202,3 +202,23 @@ def test_require_messages_take_sizes_and_cpp_expressions(tmp_path):
             '[2, dim = ") + std::to_string(dim_dim) + "], got " + std::to_string(rd) + " (q " + '
             'q.shape_str() + ", " + std::to_string(q.size(-1)) + " / " + std::to_string(kMax) + ")");')
     assert want in body
+
+
+def test_band_entries_check_each_output_against_what_is_read_and_written_before_it(tmp_path):
+    t = declare(tmp_path, 'tensor("q_out", access="w", may_alias="q"), tensor("k_out", access="w", '
+                          'may_alias="k"), tensor("q"), tensor("k"), tensor("pos", dtype="int32")',
+                extra=", bands=True")
+    body = render_binding(t, has_dtype=True)
+    checks = [line.strip() for line in body.splitlines() if "overlap" in line or "apart" in line]
+    assert checks == [
+        "kb::check_no_internal_overlap(q_out);",
+        "if (!kb::same_view(q_out, q)) kb::check_apart(kb::in_place_named(q_out, q), q);",
+        "kb::check_apart(kb::in_place_named(q_out, q), k);",
+        "kb::check_apart(kb::in_place_named(q_out, q), pos);",
+        "kb::check_no_internal_overlap(k_out);",
+        "kb::check_apart(kb::in_place_named(k_out, k), q);",
+        "if (!kb::same_view(k_out, k)) kb::check_apart(kb::in_place_named(k_out, k), k);",
+        "kb::check_apart(kb::in_place_named(k_out, k), pos);",
+        "kb::check_apart(kb::in_place_named(k_out, k), kb::in_place_named(q_out, q));",
+    ]
+    assert "check_disjoint" not in body

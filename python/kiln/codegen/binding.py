@@ -171,6 +171,29 @@ def _interpolate(entry: Entry, message: str) -> str:
     return "std::string(" + parts[0] + ")" + "".join(" + " + p for p in parts[1:])
 
 
+def _band_checks(entry: Entry, ind: str) -> list[str]:
+    """What an entry declared with bands=True writes: each written tensor in order has no element
+    twice and shares none with any tensor read or written before it, by kb::check_apart (which
+    also proves two bands of one tensor apart: the heads of a fused qkv, the column bands of one
+    output); in errors, the written one first and one computed in place by its input's name."""
+    def named(t: TensorArg) -> str:
+        return f"kb::in_place_named({t.name}, {t.may_alias})" if t.may_alias else t.name
+
+    out = []
+    written = [t for t in entry.tensors if t.written]
+    read = [t for t in entry.tensors if not t.written]
+    for i, w in enumerate(written):
+        guard = f"if ({w.name}.data) " if w.optional else ""
+        out.append(f"{ind}{guard}kb::check_no_internal_overlap({w.name});")
+        for o in read + written[:i]:
+            conds = [f"{x.name}.data" for x in (w, o) if x.optional]
+            if w.may_alias == o.name or o.may_alias == w.name:
+                conds.append(f"!kb::same_view({w.name}, {o.name})")
+            guard = f"if ({' && '.join(conds)}) " if conds else ""
+            out.append(f"{ind}{guard}kb::check_apart({named(w)}, {named(o)});")
+    return out
+
+
 def launcher(entry: Entry, uri_words: str) -> list[str]:
     """The C++ launcher function of one entry."""
     sig = []
@@ -218,7 +241,7 @@ def launcher(entry: Entry, uri_words: str) -> list[str]:
             out.append(f"{ind}}}")
     tensors = entry.tensors
     done = set()
-    for w in tensors:
+    for w in () if entry.bands else tensors:  # bands: _band_checks below
         if not w.written:
             continue
         guard = f"if ({w.name}.data) " if w.optional else ""
@@ -246,6 +269,8 @@ def launcher(entry: Entry, uri_words: str) -> list[str]:
         out.append(f"{ind}  kb::value_error({words} + std::to_string({a.name}_index));")
         out.append(f"{ind}  return {a.values[0][1]};")
         out.append(f"{ind}}}();")
+    if entry.bands:
+        out += _band_checks(entry, ind)
     for r in entry.requires:
         out.append(f"{ind}if (!({r.cond})) kb::value_error({_interpolate(entry, r.message)});")
     out.append(f"{ind}{entry.params.type} p{{}};")

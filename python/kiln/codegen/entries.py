@@ -34,6 +34,10 @@ choice(name, {python value: C++ value}): a str in Python, the C++ value in the b
 require(cond, message): a C++ condition over the arguments (views and scalars by name, a declared
     size as dim_<name>) that must hold; "{x}" in the message is scalar x's value (a tensor's shape,
     a declared size's value, or else the value of that C++ integer expression: "{k.size(-1)}").
+bands=True: the tensors may be bands of one tensor (q and k as heads of a fused qkv, outputs as the
+    column bands of one): what is written is checked apart from what is read and written before
+    it by an overlap test that proves such bands disjoint (kb::check_apart); a written tensor is
+    named first, one computed in place by its input's name ("q and k overlap").
 size_words={size: words}: how a shape error names where a declared size came from, instead of
     the dimension it was read from ("q.shape[0] (nnz)" for "q.shape[0]").
 params(type, **fields): the backend's parameter struct, each field a C++ expression over the
@@ -138,10 +142,11 @@ class Entry(Record):
     """One entry point: its arguments, the module axes they select, the backend call."""
 
     __slots__ = ("name", "doc", "args", "params", "call", "dispatch", "api", "pdl", "errors",
-                 "requires", "size_words")
+                 "requires", "size_words", "bands")
 
-    def __init__(self, name, doc, args, params, call, dispatch, api, pdl, errors, requires, size_words=()):
-        self._init(name, doc, args, params, call, dispatch, api, pdl, errors, requires, size_words)
+    def __init__(self, name, doc, args, params, call, dispatch, api, pdl, errors, requires, size_words=(),
+                 bands=False):
+        self._init(name, doc, args, params, call, dispatch, api, pdl, errors, requires, size_words, bands)
 
     @property
     def tensors(self) -> tuple[TensorArg, ...]:
@@ -239,7 +244,7 @@ def params(type: str, **fields: str) -> Params:
 
 def entry(name: str, *, doc: str, args, params: Params, call: str, dispatch: dict | None = None,
           api: str | None = None, pdl: bool = False, errors: bool = False, requires=(),
-          size_words: dict | None = None) -> Entry:
+          size_words: dict | None = None, bands: bool = False) -> Entry:
     where = f"entry({name!r})"
     if not isinstance(name, str) or not _IDENT.match(name):
         raise EntryError(f"{where}: the name must match {_IDENT.pattern}")
@@ -280,7 +285,7 @@ def entry(name: str, *, doc: str, args, params: Params, call: str, dispatch: dic
             raise EntryError(f"{where}: size_words= names {size!r}, not a declared size "
                              f"({', '.join(sorted(sizes))})")
     return Entry(name, doc, args, params, call, tuple((dispatch or {}).items()), api, bool(pdl),
-                 bool(errors), tuple(requires), tuple((size_words or {}).items()))
+                 bool(errors), tuple(requires), tuple((size_words or {}).items()), bool(bands))
 
 
 # What BUILD files see, besides op_library and its siblings.
