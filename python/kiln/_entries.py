@@ -42,6 +42,12 @@ def launcher_source(entry, label: str, *, fn_name: str | None = None, alias=None
     for a in entry.args:
         if a.name in alias:
             call.append(f"_dl({alias[a.name]})")
+        elif a.kind == "tensor" and a.as_bytes:  # a uint8 view: fp8 without DLPack's fp8 codes
+            params.append(f"{a.name}: torch.Tensor | None" if a.optional else f"{a.name}: torch.Tensor")
+            view = f"_dl({a.name}.view(torch.uint8))"
+            call.append(f"None if {a.name} is None else {view}" if a.optional else view)
+        elif a.kind == "scalar" and a.value is not None:
+            call.append(f"({a.value})")
         elif a.kind == "tensor":
             params.append(f"{a.name}: torch.Tensor | None" if a.optional else f"{a.name}: torch.Tensor")
             call.append(f"None if {a.name} is None else _dl({a.name})" if a.optional else f"_dl({a.name})")

@@ -222,3 +222,16 @@ def test_band_entries_check_each_output_against_what_is_read_and_written_before_
         "kb::check_apart(kb::in_place_named(k_out, k), kb::in_place_named(q_out, q));",
     ]
     assert "check_disjoint" not in body
+
+
+def test_bytes_tensors_and_computed_scalars_are_the_launchers(tmp_path):
+    from kiln._entries import launcher_source
+
+    t = declare(tmp_path, 'tensor("out", dtype="uint8", access="w", as_bytes=True), tensor("x"), '
+                          'scalar("e5m2", "bool", value="out.dtype == torch.float8_e5m2")')
+    source = launcher_source(t.entries[0], "//ops:x")
+    assert source.splitlines()[0] == "def go(out: torch.Tensor, x: torch.Tensor) -> None:"
+    assert "mod.go(_dl(out.view(torch.uint8)), _dl(x), (out.dtype == torch.float8_e5m2), " in source
+    (tmp_path / "b").mkdir()
+    with pytest.raises(BuildFileError, match="as_bytes= passes a uint8 view"):
+        declare(tmp_path / "b", 'tensor("out", access="w", as_bytes=True), tensor("x")')

@@ -29,7 +29,11 @@ tensor(name, shape, dtype, access, ...):
             any other tensor of the call, except `may_alias`, which it may be exactly (in place).
     optional  None is accepted (the view's data is then nullptr and its checks are skipped).
     layout  "last" (contiguous in the last dimension, any leading strides) or "any".
-scalar(name, type): "float" (double), "int" (int64_t), "bool".
+    as_bytes  the launcher passes a uint8 view (of an fp8 tensor: not every torch build exports
+            fp8 through DLPack); declare dtype="uint8".
+scalar(name, type, value=None): "float" (double), "int" (int64_t), "bool". value: a Python
+    expression over the op's arguments ("out.dtype == torch.float8_e5m2"): the binding's
+    argument, computed by the launcher, not the op's.
 choice(name, {python value: C++ value}): a str in Python, the C++ value in the binding.
 require(cond, message): a C++ condition over the arguments (views and scalars by name, a declared
     size as dim_<name>) that must hold; "{x}" in the message is scalar x's value (a tensor's shape,
@@ -90,10 +94,11 @@ class Dim(Record):
 
 class TensorArg(Record):
     __slots__ = ("name", "shape", "dtype", "access", "optional", "may_alias", "layout", "ndim",
-                 "numel", "why")
+                 "numel", "why", "as_bytes")
 
-    def __init__(self, name, shape, dtype, access, optional, may_alias, layout, ndim, numel, why):
-        self._init(name, shape, dtype, access, optional, may_alias, layout, ndim, numel, why)
+    def __init__(self, name, shape, dtype, access, optional, may_alias, layout, ndim, numel, why,
+                 as_bytes=False):
+        self._init(name, shape, dtype, access, optional, may_alias, layout, ndim, numel, why, as_bytes)
 
     kind = "tensor"
 
@@ -107,10 +112,10 @@ class TensorArg(Record):
 
 
 class ScalarArg(Record):
-    __slots__ = ("name", "type")
+    __slots__ = ("name", "type", "value")
 
-    def __init__(self, name: str, type: str):
-        self._init(name, type)
+    def __init__(self, name: str, type: str, value: str | None = None):
+        self._init(name, type, value)
 
     kind = "scalar"
 
@@ -186,7 +191,7 @@ def parse_dim(where: str, spec, first: bool) -> Dim:
 
 def tensor(name: str, shape=None, *, dtype="elem", access: str = "r", optional: bool = False,
            may_alias: str | None = None, layout: str = "last", ndim=None, numel: int | None = None,
-           why: str = "") -> TensorArg:
+           why: str = "", as_bytes: bool = False) -> TensorArg:
     where = f"tensor({name!r})"
     if not isinstance(name, str) or not _IDENT.match(name):
         raise EntryError(f"{where}: the name must match {_IDENT.pattern}")
@@ -211,15 +216,20 @@ def tensor(name: str, shape=None, *, dtype="elem", access: str = "r", optional: 
         ndim = (int(lo), int(hi))
     if may_alias is not None and "w" not in access:
         raise EntryError(f"{where}: may_alias= is for a written tensor (one computed in place)")
-    return TensorArg(name, dims, dt, access, bool(optional), may_alias, layout, ndim, numel, why)
+    if as_bytes and dtype != "uint8":
+        raise EntryError(f"{where}: as_bytes= passes a uint8 view: declare dtype='uint8'")
+    return TensorArg(name, dims, dt, access, bool(optional), may_alias, layout, ndim, numel, why,
+                     bool(as_bytes))
 
 
-def scalar(name: str, type: str) -> ScalarArg:
+def scalar(name: str, type: str, *, value: str | None = None) -> ScalarArg:
     if not isinstance(name, str) or not _IDENT.match(name):
         raise EntryError(f"scalar({name!r}): the name must match {_IDENT.pattern}")
     if type not in SCALAR_TYPES:
         raise EntryError(f"scalar({name!r}): type={type!r} must be one of {', '.join(SCALAR_TYPES)}")
-    return ScalarArg(name, type)
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise EntryError(f"scalar({name!r}): value= takes the Python expression the launcher passes")
+    return ScalarArg(name, type, value)
 
 
 def choice(name: str, values: dict) -> ChoiceArg:
