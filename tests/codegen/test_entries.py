@@ -235,3 +235,15 @@ def test_bytes_tensors_and_computed_scalars_are_the_launchers(tmp_path):
     (tmp_path / "b").mkdir()
     with pytest.raises(BuildFileError, match="as_bytes= passes a uint8 view"):
         declare(tmp_path / "b", 'tensor("out", access="w", as_bytes=True), tensor("x")')
+
+
+def test_a_tensor_like_another_has_its_shape_and_is_checked_after_it(tmp_path):
+    t = declare(tmp_path, 'tensor("q_out", access="w", like="q"), tensor("k_out", access="w", like="k"), '
+                          'tensor("q", shape=["n", "d"]), tensor("k", shape=["n", "e"])')
+    body = render_binding(t, has_dtype=True)
+    views = [line.split()[2] for line in body.splitlines() if "kb::view_of(" in line]
+    assert views == ["q", "q_out", "k", "k_out"]
+    assert "kb::check_same_shape(k_out, k);" in body and "kb::check_same_shape(q_out, q);" in body
+    (tmp_path / "b").mkdir()
+    with pytest.raises(BuildFileError, match="like='z', not another tensor"):
+        declare(tmp_path / "b", 'tensor("o", access="w", like="z"), tensor("x")')

@@ -194,6 +194,20 @@ def _band_checks(entry: Entry, ind: str) -> list[str]:
     return out
 
 
+def _like_after(order: list[TensorArg]) -> list[TensorArg]:
+    """`order` with each tensor declared like= another moved after that one (and it stays in
+    order otherwise)."""
+    placed: list[TensorArg] = []
+    waiting = list(order)
+    while waiting:
+        names = {t.name for t in placed}
+        # the first whose like= is placed (a cycle: the first as declared)
+        t = next((t for t in waiting if t.like is None or t.like in names), waiting[0])
+        waiting.remove(t)
+        placed.append(t)
+    return placed
+
+
 def launcher(entry: Entry, uri_words: str) -> list[str]:
     """The C++ launcher function of one entry."""
     sig = []
@@ -210,6 +224,7 @@ def launcher(entry: Entry, uri_words: str) -> list[str]:
     anchor = entry.anchor
     shapes = _Shapes(entry.size_words)
     order = [anchor] + [t for t in entry.tensors if t is not anchor]
+    order = _like_after(order)
     for t in order:
         n = t.name
         inner = ind
@@ -232,6 +247,8 @@ def launcher(entry: Entry, uri_words: str) -> list[str]:
         _dtype_check(t, anchor, uri_words, out, inner)
         if t.shape is not None:
             shapes.check(t, out, inner)
+        if t.like is not None:
+            out.append(f"{inner}kb::check_same_shape({n}, {t.like});")
         if t.numel is not None:
             out.append(f"{inner}kb::check_numel({n}, {t.numel});")
         if t.layout == "last":

@@ -29,6 +29,8 @@ tensor(name, shape, dtype, access, ...):
             any other tensor of the call, except `may_alias`, which it may be exactly (in place).
     optional  None is accepted (the view's data is then nullptr and its checks are skipped).
     layout  "last" (contiguous in the last dimension, any leading strides) or "any".
+    like    the shape of that tensor (an output of its input's shape: "k_out.shape must equal
+            k.shape"), checked after it, so that an input's own mistake is reported on it.
     as_bytes  the launcher passes a uint8 view (of an fp8 tensor: not every torch build exports
             fp8 through DLPack); declare dtype="uint8".
 scalar(name, type, value=None): "float" (double), "int" (int64_t), "bool". value: a Python
@@ -94,11 +96,12 @@ class Dim(Record):
 
 class TensorArg(Record):
     __slots__ = ("name", "shape", "dtype", "access", "optional", "may_alias", "layout", "ndim",
-                 "numel", "why", "as_bytes")
+                 "numel", "why", "as_bytes", "like")
 
     def __init__(self, name, shape, dtype, access, optional, may_alias, layout, ndim, numel, why,
-                 as_bytes=False):
-        self._init(name, shape, dtype, access, optional, may_alias, layout, ndim, numel, why, as_bytes)
+                 as_bytes=False, like=None):
+        self._init(name, shape, dtype, access, optional, may_alias, layout, ndim, numel, why, as_bytes,
+                   like)
 
     kind = "tensor"
 
@@ -191,7 +194,7 @@ def parse_dim(where: str, spec, first: bool) -> Dim:
 
 def tensor(name: str, shape=None, *, dtype="elem", access: str = "r", optional: bool = False,
            may_alias: str | None = None, layout: str = "last", ndim=None, numel: int | None = None,
-           why: str = "", as_bytes: bool = False) -> TensorArg:
+           why: str = "", as_bytes: bool = False, like: str | None = None) -> TensorArg:
     where = f"tensor({name!r})"
     if not isinstance(name, str) or not _IDENT.match(name):
         raise EntryError(f"{where}: the name must match {_IDENT.pattern}")
@@ -218,8 +221,10 @@ def tensor(name: str, shape=None, *, dtype="elem", access: str = "r", optional: 
         raise EntryError(f"{where}: may_alias= is for a written tensor (one computed in place)")
     if as_bytes and dtype != "uint8":
         raise EntryError(f"{where}: as_bytes= passes a uint8 view: declare dtype='uint8'")
+    if like is not None and (shape is not None or ndim is not None or numel is not None):
+        raise EntryError(f"{where}: like= is the whole shape; it takes no shape=, ndim= or numel=")
     return TensorArg(name, dims, dt, access, bool(optional), may_alias, layout, ndim, numel, why,
-                     bool(as_bytes))
+                     bool(as_bytes), like)
 
 
 def scalar(name: str, type: str, *, value: str | None = None) -> ScalarArg:
@@ -273,6 +278,8 @@ def entry(name: str, *, doc: str, args, params: Params, call: str, dispatch: dic
     for t in tensors:
         if t.may_alias is not None and t.may_alias not in names:
             raise EntryError(f"{where}: {t.name} may_alias={t.may_alias!r}, not an argument")
+        if t.like is not None and t.like not in [x.name for x in tensors if x is not t]:
+            raise EntryError(f"{where}: {t.name} like={t.like!r}, not another tensor of the entry")
     leads: dict[str, int] = {}
     for t in tensors:
         for d in t.shape or ():
