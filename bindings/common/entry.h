@@ -33,6 +33,17 @@ inline void check_multiple(const TensorView& t, int dim, int64_t factor, const c
   }
 }
 
+// t.shape[dim] is at least `lo`: a declared "batch+1" dimension (an indptr), whose batch is >= 0.
+inline void check_size_at_least(const TensorView& t, int dim, int64_t lo, const char* declared) {
+  if (t.size(dim) >= lo) return;
+  if (t.ndim == 1) {
+    value_error(t.name + " must have " + declared + " >= " + std::to_string(lo) + " elements, got shape " +
+                t.shape_str());
+  }
+  value_error(t.name + ".shape[" + std::to_string(dim) + "] (" + declared + ") must be >= " + std::to_string(lo) +
+              ", got " + std::to_string(t.size(dim)) + " (shape " + t.shape_str() + ")");
+}
+
 // t's shape is ref's leading dimensions (all but its last `ref_trailing`) followed by `trailing`;
 // `explain` says where each came from.
 inline void check_lead_shape(const TensorView& t, const TensorView& ref, int ref_trailing,
@@ -62,6 +73,53 @@ inline bool same_view(const TensorView& a, const TensorView& b) {
   bool same = a.data == b.data && a.ndim == b.ndim;
   for (int i = 0; same && i < a.ndim; ++i) same = a.shape[i] == b.shape[i] && a.strides[i] == b.strides[i];
   return same;
+}
+
+// Two views that never share an element though their byte ranges interleave: q and k as head bands
+// of one fused [nnz, heads, head_dim] tensor, or the rotary and non-rotary column bands of one
+// [nnz, heads, rope_dim + nope_dim] output. Found by a period P, the stride of some dimension d
+// of both: every stride of the dimensions up to d (of either view) is a multiple of P, and each
+// view's dimensions past d span a footprint [0, ext) with ext <= P; then every element of a lies
+// at a lattice point + [0, ext_a), b at the same lattice shifted by r = (b - a) mod P, and they
+// are disjoint when [r, r + ext_b) fits in [ext_a, P).
+inline bool disjoint_bands(const TensorView& a, const TensorView& b) {
+  if (a.ndim != b.ndim || a.ndim < 2 || a.dtype.bits != b.dtype.bits) return false;
+  const int64_t elem = (a.dtype.bits + 7) / 8;
+  const int64_t diff = (reinterpret_cast<intptr_t>(b.data) - reinterpret_cast<intptr_t>(a.data));
+  if (diff % elem != 0) return false;
+  auto footprint = [](const TensorView& t, int after) {
+    int64_t ext = 1;
+    for (int i = after + 1; i < t.ndim; ++i) {
+      if (t.shape[i] > 1 && t.strides[i] < 0) return int64_t(-1);
+      if (t.shape[i] > 1) ext += t.strides[i] * (t.shape[i] - 1);
+    }
+    return ext;
+  };
+  for (int d = a.ndim - 2; d >= 0; --d) {
+    const int64_t period = a.stride(d);
+    if (period <= 0 || b.stride(d) != period) continue;
+    bool lattice = true;
+    for (int i = 0; i <= d && lattice; ++i) {
+      lattice = (a.shape[i] <= 1 || a.strides[i] % period == 0) && (b.shape[i] <= 1 || b.strides[i] % period == 0);
+    }
+    const int64_t ext_a = footprint(a, d), ext_b = footprint(b, d);
+    if (!lattice || ext_a < 0 || ext_b < 0 || ext_a > period || ext_b > period) continue;
+    const int64_t r = ((diff / elem) % period + period) % period;
+    if (r >= ext_a && r + ext_b <= period) return true;
+  }
+  return false;
+}
+
+// `a` and `b` share no byte, bands of one tensor included (an entry declared with bands=True).
+inline void check_apart(const TensorView& a, const TensorView& b) {
+  if (views_overlap(a, b) && !disjoint_bands(a, b)) {
+    value_error(a.name + " and " + b.name + " overlap in memory; they must be separate tensors");
+  }
+}
+
+// An output computed in place is named as its input in errors: `in` when `out` is its view.
+inline const TensorView& in_place_named(const TensorView& out, const TensorView& in) {
+  return same_view(out, in) ? in : out;
 }
 
 // The number of rows: the product of every dimension but the last.

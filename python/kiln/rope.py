@@ -47,93 +47,29 @@ import math
 
 import torch
 
-from . import _jit, errors
-from ._ops import custom_op
+from ._entries import entry_op
 from .api_logging import logged_api
 from .trace import rope as rope_traces
 from .trace import traced
 
 LABEL = "//ops:rope"
-_NAMES = {"dtype": "q.dtype"}
-_MODULES = _jit.Modules(LABEL, "dtype", names=_NAMES)
 
-
-def _module(api: str, q: torch.Tensor):
-    return _MODULES.get(api, q.device, q.dtype)
-
-
-def _indptr(mod, q_out, k_out, q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta,
-            smooth_a, smooth_b):
-    dl = _jit.dl
-    # by position, in the binding's order (bindings/rope.cc)
-    mod.rope_indptr(dl(q_out), dl(k_out), dl(q), dl(k), dl(indptr), dl(offsets), rotary_dim, interleave,
-                    rope_scale, rope_theta, smooth_a, smooth_b, errors.record_address(q.device),
-                    _jit.stream_of(q.device))
-    errors.after_launch(q.device)
-
-
-def _pos_ids(mod, q_out, k_out, q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta,
-             smooth_a, smooth_b):
-    dl = _jit.dl
-    mod.rope_pos_ids(dl(q_out), dl(k_out), dl(q), dl(k), dl(pos_ids), rotary_dim, interleave, rope_scale,
-                     rope_theta, smooth_a, smooth_b, errors.record_address(q.device),
-                     _jit.stream_of(q.device))
-    errors.after_launch(q.device)
-
-
-def _cos_sin(mod, q_out, k_out, q, k, positions, cos_sin_cache, interleave):
-    dl = _jit.dl
-    mod.rope_cos_sin_cache(dl(q_out), dl(k_out), dl(q), dl(k), dl(positions), dl(cos_sin_cache), interleave,
-                           errors.record_address(q.device), _jit.stream_of(q.device))
-    errors.after_launch(q.device)
-
-
-# The custom ops: out-of-place ones write q_out/k_out, in-place ones q/k (never both aliased in one
-# op, so torch.compile's functionalisation sees plain mutations).
-@custom_op("rope_indptr", mutates=("q_out", "k_out"))
-def _rope_indptr_op(q_out: torch.Tensor, k_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                    indptr: torch.Tensor, offsets: torch.Tensor, rotary_dim: int, interleave: bool,
-                    rope_scale: float, rope_theta: float, smooth_a: float, smooth_b: float) -> None:
-    _indptr(_module("kiln.apply_rope", q), q_out, k_out, q, k, indptr, offsets, rotary_dim, interleave,
-            rope_scale, rope_theta, smooth_a, smooth_b)
-
-
-@custom_op("rope_indptr_inplace", mutates=("q", "k"))
-def _rope_indptr_inplace_op(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor, offsets: torch.Tensor,
-                            rotary_dim: int, interleave: bool, rope_scale: float, rope_theta: float,
-                            smooth_a: float, smooth_b: float) -> None:
-    _indptr(_module("kiln.apply_rope_inplace", q), q, k, q, k, indptr, offsets, rotary_dim, interleave,
-            rope_scale, rope_theta, smooth_a, smooth_b)
-
-
-@custom_op("rope_pos_ids", mutates=("q_out", "k_out"))
-def _rope_pos_ids_op(q_out: torch.Tensor, k_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                     pos_ids: torch.Tensor, rotary_dim: int, interleave: bool, rope_scale: float,
-                     rope_theta: float, smooth_a: float, smooth_b: float) -> None:
-    _pos_ids(_module("kiln.apply_rope_pos_ids", q), q_out, k_out, q, k, pos_ids, rotary_dim, interleave,
-             rope_scale, rope_theta, smooth_a, smooth_b)
-
-
-@custom_op("rope_pos_ids_inplace", mutates=("q", "k"))
-def _rope_pos_ids_inplace_op(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor, rotary_dim: int,
-                             interleave: bool, rope_scale: float, rope_theta: float, smooth_a: float,
-                             smooth_b: float) -> None:
-    _pos_ids(_module("kiln.apply_rope_pos_ids_inplace", q), q, k, q, k, pos_ids, rotary_dim, interleave,
-             rope_scale, rope_theta, smooth_a, smooth_b)
-
-
-@custom_op("rope_cos_sin_cache", mutates=("q_out", "k_out"))
-def _rope_cos_sin_op(q_out: torch.Tensor, k_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                     positions: torch.Tensor, cos_sin_cache: torch.Tensor, interleave: bool) -> None:
-    _cos_sin(_module("kiln.apply_rope_with_cos_sin_cache", q), q_out, k_out, q, k, positions,
-             cos_sin_cache, interleave)
-
-
-@custom_op("rope_cos_sin_cache_inplace", mutates=("q", "k"))
-def _rope_cos_sin_inplace_op(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
-                             cos_sin_cache: torch.Tensor, interleave: bool) -> None:
-    _cos_sin(_module("kiln.apply_rope_with_cos_sin_cache_inplace", q), q, k, q, k, positions,
-             cos_sin_cache, interleave)
+# The custom ops and their launchers, from the entries in the BUILD file: out-of-place ones write
+# q_out/k_out, in-place ones q/k (passed as q_out/k_out: never both aliased in one op, so
+# torch.compile's functionalisation sees plain mutations).
+_rope_indptr_op = entry_op(LABEL, "rope_indptr")
+_rope_indptr_inplace_op = entry_op(LABEL, "rope_indptr", op_name="rope_indptr_inplace",
+                                   alias={"q_out": "q", "k_out": "k"}, api="kiln.apply_rope_inplace")
+_rope_pos_ids_op = entry_op(LABEL, "rope_pos_ids")
+_rope_pos_ids_inplace_op = entry_op(LABEL, "rope_pos_ids", op_name="rope_pos_ids_inplace",
+                                    alias={"q_out": "q", "k_out": "k"}, api="kiln.apply_rope_pos_ids_inplace")
+_rope_cos_sin_op = entry_op(LABEL, "rope_cos_sin_cache")
+_rope_cos_sin_inplace_op = entry_op(LABEL, "rope_cos_sin_cache", op_name="rope_cos_sin_cache_inplace",
+                                    alias={"q_out": "q", "k_out": "k"},
+                                    api="kiln.apply_rope_with_cos_sin_cache_inplace")
+# fp8 outputs travel as uint8 views (not every torch build exports fp8 through DLPack), e5m2 from
+# q_rope_out's dtype.
+_rope_quantize_op = entry_op(LABEL, "rope_quantize")
 
 
 def _check_tensors(api: str, **tensors) -> None:
@@ -357,27 +293,6 @@ def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.
 # ---- RoPE + fp8 quantisation (FlashInfer's rope_quantize_fp8, MLA / GQA / MHA) ---------------------
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-
-
-@custom_op("rope_quantize", mutates=("q_rope_out", "k_rope_out", "q_nope_out", "k_nope_out"))
-def _rope_quantize_op(q_rope_out: torch.Tensor, k_rope_out: torch.Tensor, q_nope_out: torch.Tensor,
-                      k_nope_out: torch.Tensor, q_rope: torch.Tensor, k_rope: torch.Tensor,
-                      q_nope: torch.Tensor, k_nope: torch.Tensor, cos_sin_cache: torch.Tensor,
-                      pos_ids: torch.Tensor, quant_scale_q: float, quant_scale_kv: float, interleave: bool,
-                      pdl: bool) -> None:
-    dl = _jit.dl
-    mod = _jit.module(LABEL, q_rope.device, "kiln.rope_quantize_fp8", dtype=q_rope.dtype,
-                      names={"dtype": "q_rope.dtype"})
-    # fp8 outputs travel as uint8 views: not every torch build exports fp8 through DLPack.
-    u8 = torch.uint8
-    mod.rope_quantize(q_rope_out=dl(q_rope_out.view(u8)), k_rope_out=dl(k_rope_out.view(u8)),
-                      q_nope_out=dl(q_nope_out.view(u8)), k_nope_out=dl(k_nope_out.view(u8)),
-                      q_rope=dl(q_rope), k_rope=dl(k_rope), q_nope=dl(q_nope), k_nope=dl(k_nope),
-                      cos_sin_cache=dl(cos_sin_cache), pos_ids=dl(pos_ids), quant_scale_q=quant_scale_q,
-                      quant_scale_kv=quant_scale_kv, interleave=interleave,
-                      e5m2=q_rope_out.dtype == torch.float8_e5m2, pdl=pdl,
-                      errors=errors.record_address(q_rope.device), stream=_jit.stream_of(q_rope.device))
-    errors.after_launch(q_rope.device)
 
 
 def _quantize_dtype(api: str, quantize_dtype, outs) -> torch.dtype:

@@ -149,3 +149,101 @@ def test_the_python_launcher_and_the_op_schema_follow_the_entry():
     assert schema == "kiln::act_and_mul(Tensor(a0!) out, Tensor input, str act, bool pdl) -> ()"
     with pytest.raises(LookupError, match="declares no entry 'nope'; its entries: act_and_mul"):
         find_entry("//ops:activation", "nope")
+
+
+def test_an_in_place_variant_passes_the_input_for_the_output_it_aliases():
+    from kiln._entries import entry_op, find_entry, launcher_source
+
+    entry = find_entry("//ops:activation", "act_and_mul")
+    source = launcher_source(entry, "//ops:activation", fn_name="act_and_mul_inplace",
+                             alias={"out": "input"}, api="kiln.act_inplace")
+    assert source == (
+        "def act_and_mul_inplace(input: torch.Tensor, act: str, pdl: bool) -> None:\n"
+        "    mod = _modules.get('kiln.act_inplace', input.device, input.dtype)\n"
+        "    mod.act_and_mul(_dl(input), _dl(input), _choice_act[act], pdl, _stream_of(input.device))\n")
+    with pytest.raises(ValueError, match="needs an op_name of its own"):
+        entry_op("//ops:activation", "act_and_mul", alias={"out": "input"})
+    with pytest.raises(ValueError, match="alias 'input': 'out' must map a tensor the entry writes"):
+        entry_op("//ops:activation", "act_and_mul", op_name="x_inplace", alias={"input": "out"})
+
+
+def test_an_indptr_dimension_binds_its_size_minus_the_constant(tmp_path):
+    t = declare(tmp_path, 'tensor("indptr", shape=["batch+1"], dtype="int32"), '
+                          'tensor("offsets", shape=["batch"], dtype="int32"), '
+                          'tensor("ends", shape=["batch+1"], dtype="int32")')
+    body = render_binding(t, has_dtype=True)
+    for line in ('kb::check_size_at_least(indptr, 0, 1, "batch + 1");',
+                 "[[maybe_unused]] const int64_t dim_batch = indptr.size(0) - 1;",
+                 'kb::check_dim(offsets, 0, dim_batch, "indptr.shape[0] - 1");',
+                 'kb::check_dim(ends, 0, dim_batch + 1, "indptr.shape[0] - 1 + 1");'):
+        assert line in body, line
+    from kiln.codegen.entries import tensor
+    assert tensor("x", shape=["n+2"]).shape[0].spelling() == "n+2"
+
+
+def test_size_words_name_where_a_size_came_from_in_shape_errors(tmp_path):
+    t = declare(tmp_path, 'tensor("q", shape=["nnz", "heads", "dim"]), '
+                          'tensor("k", shape=["nnz", "kv", "dim"])',
+                extra=', size_words={"nnz": "q.shape[0] (nnz)"}')
+    body = render_binding(t, has_dtype=True)
+    assert 'kb::check_dim(k, 0, dim_nnz, "q.shape[0] (nnz)");' in body
+    assert 'kb::check_dim(k, 2, dim_dim, "q.shape[2]");' in body
+    (tmp_path / "b").mkdir()
+    with pytest.raises(BuildFileError, match="size_words= names 'tokens', not a declared size"):
+        declare(tmp_path / "b", 'tensor("q", shape=["nnz"])', extra=', size_words={"tokens": "x"}')
+
+
+def test_require_messages_take_sizes_and_cpp_expressions(tmp_path):
+    t = declare(tmp_path, 'tensor("q", shape=["nnz", "dim"]), scalar("rd", "int")',
+                extra=', requires=[require("rd <= dim_dim && q.ndim == 2", '
+                      '"rd must be in [2, dim = {dim}], got {rd} (q {q}, {q.size(-1)} / {kMax})")]')
+    body = render_binding(t, has_dtype=True)
+    want = ('if (!(rd <= dim_dim && q.ndim == 2)) kb::value_error(std::string("rd must be in '
+            '[2, dim = ") + std::to_string(dim_dim) + "], got " + std::to_string(rd) + " (q " + '
+            'q.shape_str() + ", " + std::to_string(q.size(-1)) + " / " + std::to_string(kMax) + ")");')
+    assert want in body
+
+
+def test_band_entries_check_each_output_against_what_is_read_and_written_before_it(tmp_path):
+    t = declare(tmp_path, 'tensor("q_out", access="w", may_alias="q"), tensor("k_out", access="w", '
+                          'may_alias="k"), tensor("q"), tensor("k"), tensor("pos", dtype="int32")',
+                extra=", bands=True")
+    body = render_binding(t, has_dtype=True)
+    checks = [line.strip() for line in body.splitlines() if "overlap" in line or "apart" in line]
+    assert checks == [
+        "kb::check_no_internal_overlap(q_out);",
+        "if (!kb::same_view(q_out, q)) kb::check_apart(kb::in_place_named(q_out, q), q);",
+        "kb::check_apart(kb::in_place_named(q_out, q), k);",
+        "kb::check_apart(kb::in_place_named(q_out, q), pos);",
+        "kb::check_no_internal_overlap(k_out);",
+        "kb::check_apart(kb::in_place_named(k_out, k), q);",
+        "if (!kb::same_view(k_out, k)) kb::check_apart(kb::in_place_named(k_out, k), k);",
+        "kb::check_apart(kb::in_place_named(k_out, k), pos);",
+        "kb::check_apart(kb::in_place_named(k_out, k), kb::in_place_named(q_out, q));",
+    ]
+    assert "check_disjoint" not in body
+
+
+def test_bytes_tensors_and_computed_scalars_are_the_launchers(tmp_path):
+    from kiln._entries import launcher_source
+
+    t = declare(tmp_path, 'tensor("out", dtype="uint8", access="w", as_bytes=True), tensor("x"), '
+                          'scalar("e5m2", "bool", value="out.dtype == torch.float8_e5m2")')
+    source = launcher_source(t.entries[0], "//ops:x")
+    assert source.splitlines()[0] == "def go(out: torch.Tensor, x: torch.Tensor) -> None:"
+    assert "mod.go(_dl(out.view(torch.uint8)), _dl(x), (out.dtype == torch.float8_e5m2), " in source
+    (tmp_path / "b").mkdir()
+    with pytest.raises(BuildFileError, match="as_bytes= passes a uint8 view"):
+        declare(tmp_path / "b", 'tensor("out", access="w", as_bytes=True), tensor("x")')
+
+
+def test_a_tensor_like_another_has_its_shape_and_is_checked_after_it(tmp_path):
+    t = declare(tmp_path, 'tensor("q_out", access="w", like="q"), tensor("k_out", access="w", like="k"), '
+                          'tensor("q", shape=["n", "d"]), tensor("k", shape=["n", "e"])')
+    body = render_binding(t, has_dtype=True)
+    views = [line.split()[2] for line in body.splitlines() if "kb::view_of(" in line]
+    assert views == ["q", "q_out", "k", "k_out"]
+    assert "kb::check_same_shape(k_out, k);" in body and "kb::check_same_shape(q_out, q);" in body
+    (tmp_path / "b").mkdir()
+    with pytest.raises(BuildFileError, match="like='z', not another tensor"):
+        declare(tmp_path / "b", 'tensor("o", access="w", like="z"), tensor("x")')

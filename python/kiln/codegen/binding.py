@@ -45,7 +45,8 @@ class _Shapes:
     """The sizes and leading dimensions bound so far while checking one entry's tensors in order:
     name -> (C++ variable, the words an error uses for where it came from)."""
 
-    def __init__(self):
+    def __init__(self, words=()):
+        self.words = dict(words)  # an entry's size_words: how errors name a size instead
         self.sizes: dict[str, tuple[str, str]] = {}
         self.leads: dict[str, tuple[TensorArg, int]] = {}  # name -> (its tensor, trailing dims)
 
@@ -62,17 +63,21 @@ class _Shapes:
             out.append(f"{ind}kb::check_ndim_between({n}, {lo}, {hi});")
             if lead:
                 self.leads[lead.name] = (t, k)
-        elif any(d.kind == "size" and d.name not in self.sizes for d in dims):
+        elif any(d.kind in ("size", "plus") and d.name not in self.sizes for d in dims):
             # it binds a size of its own, read before the whole shape is compared
             out.append(f"{ind}kb::check_ndim_at_least({n}, {k});")
         checks = []
         for i, d in enumerate(x for x in dims if x.kind != "lead"):
             j = i - k if lead else i  # from the end past leading dimensions
             size = f"{n}.size({j})"
+            if d.kind == "plus":
+                checks.append(self.offset(t, j, d, out, ind))
+                continue
             if d.kind == "fixed":
                 checks.append((j, str(d.coef), str(d.coef)))
             elif d.name in self.sizes:
                 var, origin = self.sizes[d.name]
+                origin = self.words.get(d.name, origin)
                 checks.append((j, var if d.coef == 1 else f"{d.coef} * {var}",
                                origin if d.coef == 1 else f"{d.coef} * {origin}"))
             else:
@@ -98,6 +103,18 @@ class _Shapes:
         for j, expected, origin in checks:
             if origin is not None:
                 out.append(f"{ind}kb::check_dim({n}, {j}, {expected}, {_cpp_string(origin)});")
+
+    def offset(self, t: TensorArg, j: int, d, out: list[str], ind: str):
+        """A "batch+1" dimension: bound here as batch = size - 1 (the size must be >= 1), else checked."""
+        if d.name in self.sizes:
+            var, origin = self.sizes[d.name]
+            return (j, f"{var} + {d.coef}", f"{self.words.get(d.name, origin)} + {d.coef}")
+        n, var = t.name, f"dim_{d.name}"
+        words = _cpp_string(f"{d.name} + {d.coef}")
+        out.append(f"{ind}kb::check_size_at_least({n}, {j}, {d.coef}, {words});")
+        out.append(f"{ind}[[maybe_unused]] const int64_t {var} = {n}.size({j}) - {d.coef};")
+        self.sizes[d.name] = (var, f"{n}.shape[{j}] - {d.coef}")
+        return (j, var, None)
 
 
 def _elem_size(t: TensorArg) -> str:
@@ -131,11 +148,17 @@ def _dtype_check(t: TensorArg, anchor: TensorArg, uri_words: str, out: list[str]
 
 def _interpolate(entry: Entry, message: str) -> str:
     parts = []
-    for piece in re.split(r"({\w+})", message):
-        m = re.fullmatch(r"{(\w+)}", piece)
+    names = {a.name for a in entry.args}
+    sizes = {d.name for t in entry.tensors for d in t.shape or () if d.kind in ("size", "plus")}
+    for piece in re.split(r"({[^{}]+})", message):
+        m = re.fullmatch(r"{([^{}]+)}", piece)
         if m is None:
             if piece:
                 parts.append(_cpp_string(piece))
+            continue
+        if m.group(1) not in names:  # a declared size's value, or a C++ integer expression's
+            value = f"dim_{m.group(1)}" if m.group(1) in sizes else m.group(1)
+            parts.append(f"std::to_string({value})")
             continue
         arg = entry.arg(m.group(1))
         if arg.kind == "scalar" and arg.type == "bool":
@@ -147,6 +170,43 @@ def _interpolate(entry: Entry, message: str) -> str:
         else:
             parts.append(f"std::to_string({arg.name}_index)")
     return "std::string(" + parts[0] + ")" + "".join(" + " + p for p in parts[1:])
+
+
+def _band_checks(entry: Entry, ind: str) -> list[str]:
+    """What an entry declared with bands=True writes: each written tensor in order has no element
+    twice and shares none with any tensor read or written before it, by kb::check_apart (which
+    also proves two bands of one tensor apart: the heads of a fused qkv, the column bands of one
+    output); in errors, the written one first and one computed in place by its input's name."""
+    def named(t: TensorArg) -> str:
+        return f"kb::in_place_named({t.name}, {t.may_alias})" if t.may_alias else t.name
+
+    out = []
+    written = [t for t in entry.tensors if t.written]
+    read = [t for t in entry.tensors if not t.written]
+    for i, w in enumerate(written):
+        guard = f"if ({w.name}.data) " if w.optional else ""
+        out.append(f"{ind}{guard}kb::check_no_internal_overlap({w.name});")
+        for o in read + written[:i]:
+            conds = [f"{x.name}.data" for x in (w, o) if x.optional]
+            if w.may_alias == o.name or o.may_alias == w.name:
+                conds.append(f"!kb::same_view({w.name}, {o.name})")
+            guard = f"if ({' && '.join(conds)}) " if conds else ""
+            out.append(f"{ind}{guard}kb::check_apart({named(w)}, {named(o)});")
+    return out
+
+
+def _like_after(order: list[TensorArg]) -> list[TensorArg]:
+    """`order` with each tensor declared like= another moved after that one (and it stays in
+    order otherwise)."""
+    placed: list[TensorArg] = []
+    waiting = list(order)
+    while waiting:
+        names = {t.name for t in placed}
+        # the first whose like= is placed (a cycle: the first as declared)
+        t = next((t for t in waiting if t.like is None or t.like in names), waiting[0])
+        waiting.remove(t)
+        placed.append(t)
+    return placed
 
 
 def launcher(entry: Entry, uri_words: str) -> list[str]:
@@ -163,8 +223,9 @@ def launcher(entry: Entry, uri_words: str) -> list[str]:
     out = [f"void {entry.name}({', '.join(sig)}) {{"]
     ind = "  "
     anchor = entry.anchor
-    shapes = _Shapes()
+    shapes = _Shapes(entry.size_words)
     order = [anchor] + [t for t in entry.tensors if t is not anchor]
+    order = _like_after(order)
     for t in order:
         n = t.name
         inner = ind
@@ -187,6 +248,8 @@ def launcher(entry: Entry, uri_words: str) -> list[str]:
         _dtype_check(t, anchor, uri_words, out, inner)
         if t.shape is not None:
             shapes.check(t, out, inner)
+        if t.like is not None:
+            out.append(f"{inner}kb::check_same_shape({n}, {t.like});")
         if t.numel is not None:
             out.append(f"{inner}kb::check_numel({n}, {t.numel});")
         if t.layout == "last":
@@ -196,7 +259,7 @@ def launcher(entry: Entry, uri_words: str) -> list[str]:
             out.append(f"{ind}}}")
     tensors = entry.tensors
     done = set()
-    for w in tensors:
+    for w in () if entry.bands else tensors:  # bands: _band_checks below
         if not w.written:
             continue
         guard = f"if ({w.name}.data) " if w.optional else ""
@@ -225,6 +288,8 @@ def launcher(entry: Entry, uri_words: str) -> list[str]:
         out.append(f"{ind}  kb::value_error({words} + std::to_string({a.name}_index));")
         out.append(f"{ind}  return {a.values[0][1]};")
         out.append(f"{ind}}}();")
+    if entry.bands:
+        out += _band_checks(entry, ind)
     for r in entry.requires:
         out.append(f"{ind}if (!({r.cond})) kb::value_error({_interpolate(entry, r.message)});")
     out.append(f"{ind}{entry.params.type} p{{}};")

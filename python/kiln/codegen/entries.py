@@ -18,7 +18,8 @@ and the trace template's tensors are all generated from.
 
 tensor(name, shape, dtype, access, ...):
     shape   a list of dimensions: "hidden" (a size, named: bound where it first appears, checked
-            everywhere else), "2*d" (a multiple of a named size), 1 (a literal), and first, at
+            everywhere else), "2*d" (a multiple of a named size), "batch+1" (a size plus a
+            constant: an indptr), 1 (a literal), and first, at
             most once, "*rows" (any number of leading dimensions, the same in every tensor naming
             rows; ndim=(lo, hi) bounds the total). None: any shape (numel= may fix the count).
     dtype   "elem" (the module's element type, kiln::spec::dtype), a torch name ("float32"),
@@ -28,10 +29,23 @@ tensor(name, shape, dtype, access, ...):
             any other tensor of the call, except `may_alias`, which it may be exactly (in place).
     optional  None is accepted (the view's data is then nullptr and its checks are skipped).
     layout  "last" (contiguous in the last dimension, any leading strides) or "any".
-scalar(name, type): "float" (double), "int" (int64_t), "bool".
+    like    the shape of that tensor (an output of its input's shape: "k_out.shape must equal
+            k.shape"), checked after it, so that an input's own mistake is reported on it.
+    as_bytes  the launcher passes a uint8 view (of an fp8 tensor: not every torch build exports
+            fp8 through DLPack); declare dtype="uint8".
+scalar(name, type, value=None): "float" (double), "int" (int64_t), "bool". value: a Python
+    expression over the op's arguments ("out.dtype == torch.float8_e5m2"): the binding's
+    argument, computed by the launcher, not the op's.
 choice(name, {python value: C++ value}): a str in Python, the C++ value in the binding.
-require(cond, message): a C++ condition over the arguments (views and scalars by name) that must
-    hold; "{x}" in the message is scalar x's value.
+require(cond, message): a C++ condition over the arguments (views and scalars by name, a declared
+    size as dim_<name>) that must hold; "{x}" in the message is scalar x's value (a tensor's shape,
+    a declared size's value, or else the value of that C++ integer expression: "{k.size(-1)}").
+bands=True: the tensors may be bands of one tensor (q and k as heads of a fused qkv, outputs as the
+    column bands of one): what is written is checked apart from what is read and written before
+    it by an overlap test that proves such bands disjoint (kb::check_apart); a written tensor is
+    named first, one computed in place by its input's name ("q and k overlap").
+size_words={size: words}: how a shape error names where a declared size came from, instead of
+    the dimension it was read from ("q.shape[0] (nnz)" for "q.shape[0]").
 params(type, **fields): the backend's parameter struct, each field a C++ expression over the
     arguments ("a.b" sets a nested member); the binding calls `call(p, ctx)`.
 
@@ -48,6 +62,7 @@ from kiln.runtime.record import Record
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 _DIM = re.compile(r"^(?:(\d+)\*)?([a-z_][a-z0-9_]*)$")
+_PLUS = re.compile(r"^([a-z_][a-z0-9_]*)\+(\d+)$")  # "batch+1": a size plus a constant (indptr)
 _EXPR = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*$")
 SCALAR_TYPES = {"float": ("double", "float"), "int": ("int64_t", "int"), "bool": ("bool", "bool")}
 # torch dtype names a tensor may declare, and their C++ element types (bindings' dl_dtype<T>).
@@ -61,7 +76,8 @@ class EntryError(ValueError):
 
 
 class Dim(Record):
-    """One dimension of a declared shape: kind "lead" (name), "size" (name, coef) or "fixed" (coef)."""
+    """One dimension of a declared shape: kind "lead" (name), "size" (name, coef), "fixed" (coef) or
+    "plus" (name + coef: "batch+1")."""
 
     __slots__ = ("kind", "name", "coef")
 
@@ -73,15 +89,19 @@ class Dim(Record):
             return "*" + self.name
         if self.kind == "fixed":
             return str(self.coef)
+        if self.kind == "plus":
+            return f"{self.name}+{self.coef}"
         return self.name if self.coef == 1 else f"{self.coef}*{self.name}"
 
 
 class TensorArg(Record):
     __slots__ = ("name", "shape", "dtype", "access", "optional", "may_alias", "layout", "ndim",
-                 "numel", "why")
+                 "numel", "why", "as_bytes", "like")
 
-    def __init__(self, name, shape, dtype, access, optional, may_alias, layout, ndim, numel, why):
-        self._init(name, shape, dtype, access, optional, may_alias, layout, ndim, numel, why)
+    def __init__(self, name, shape, dtype, access, optional, may_alias, layout, ndim, numel, why,
+                 as_bytes=False, like=None):
+        self._init(name, shape, dtype, access, optional, may_alias, layout, ndim, numel, why, as_bytes,
+                   like)
 
     kind = "tensor"
 
@@ -95,10 +115,10 @@ class TensorArg(Record):
 
 
 class ScalarArg(Record):
-    __slots__ = ("name", "type")
+    __slots__ = ("name", "type", "value")
 
-    def __init__(self, name: str, type: str):
-        self._init(name, type)
+    def __init__(self, name: str, type: str, value: str | None = None):
+        self._init(name, type, value)
 
     kind = "scalar"
 
@@ -130,10 +150,11 @@ class Entry(Record):
     """One entry point: its arguments, the module axes they select, the backend call."""
 
     __slots__ = ("name", "doc", "args", "params", "call", "dispatch", "api", "pdl", "errors",
-                 "requires")
+                 "requires", "size_words", "bands")
 
-    def __init__(self, name, doc, args, params, call, dispatch, api, pdl, errors, requires):
-        self._init(name, doc, args, params, call, dispatch, api, pdl, errors, requires)
+    def __init__(self, name, doc, args, params, call, dispatch, api, pdl, errors, requires, size_words=(),
+                 bands=False):
+        self._init(name, doc, args, params, call, dispatch, api, pdl, errors, requires, size_words, bands)
 
     @property
     def tensors(self) -> tuple[TensorArg, ...]:
@@ -158,6 +179,9 @@ def parse_dim(where: str, spec, first: bool) -> Dim:
         if not first:
             raise EntryError(f"{where}: {spec!r} (leading dimensions) must be the shape's first entry")
         return Dim("lead", spec[1:], 1)
+    plus = _PLUS.match(spec) if isinstance(spec, str) else None
+    if plus is not None:
+        return Dim("plus", plus.group(1), int(plus.group(2)))
     m = _DIM.match(spec) if isinstance(spec, str) else None
     if m is None:
         raise EntryError(f"{where}: dimension {spec!r} must be a size name ('hidden'), a multiple "
@@ -170,7 +194,7 @@ def parse_dim(where: str, spec, first: bool) -> Dim:
 
 def tensor(name: str, shape=None, *, dtype="elem", access: str = "r", optional: bool = False,
            may_alias: str | None = None, layout: str = "last", ndim=None, numel: int | None = None,
-           why: str = "") -> TensorArg:
+           why: str = "", as_bytes: bool = False, like: str | None = None) -> TensorArg:
     where = f"tensor({name!r})"
     if not isinstance(name, str) or not _IDENT.match(name):
         raise EntryError(f"{where}: the name must match {_IDENT.pattern}")
@@ -195,15 +219,22 @@ def tensor(name: str, shape=None, *, dtype="elem", access: str = "r", optional: 
         ndim = (int(lo), int(hi))
     if may_alias is not None and "w" not in access:
         raise EntryError(f"{where}: may_alias= is for a written tensor (one computed in place)")
-    return TensorArg(name, dims, dt, access, bool(optional), may_alias, layout, ndim, numel, why)
+    if as_bytes and dtype != "uint8":
+        raise EntryError(f"{where}: as_bytes= passes a uint8 view: declare dtype='uint8'")
+    if like is not None and (shape is not None or ndim is not None or numel is not None):
+        raise EntryError(f"{where}: like= is the whole shape; it takes no shape=, ndim= or numel=")
+    return TensorArg(name, dims, dt, access, bool(optional), may_alias, layout, ndim, numel, why,
+                     bool(as_bytes), like)
 
 
-def scalar(name: str, type: str) -> ScalarArg:
+def scalar(name: str, type: str, *, value: str | None = None) -> ScalarArg:
     if not isinstance(name, str) or not _IDENT.match(name):
         raise EntryError(f"scalar({name!r}): the name must match {_IDENT.pattern}")
     if type not in SCALAR_TYPES:
         raise EntryError(f"scalar({name!r}): type={type!r} must be one of {', '.join(SCALAR_TYPES)}")
-    return ScalarArg(name, type)
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise EntryError(f"scalar({name!r}): value= takes the Python expression the launcher passes")
+    return ScalarArg(name, type, value)
 
 
 def choice(name: str, values: dict) -> ChoiceArg:
@@ -227,7 +258,8 @@ def params(type: str, **fields: str) -> Params:
 
 
 def entry(name: str, *, doc: str, args, params: Params, call: str, dispatch: dict | None = None,
-          api: str | None = None, pdl: bool = False, errors: bool = False, requires=()) -> Entry:
+          api: str | None = None, pdl: bool = False, errors: bool = False, requires=(),
+          size_words: dict | None = None, bands: bool = False) -> Entry:
     where = f"entry({name!r})"
     if not isinstance(name, str) or not _IDENT.match(name):
         raise EntryError(f"{where}: the name must match {_IDENT.pattern}")
@@ -246,6 +278,8 @@ def entry(name: str, *, doc: str, args, params: Params, call: str, dispatch: dic
     for t in tensors:
         if t.may_alias is not None and t.may_alias not in names:
             raise EntryError(f"{where}: {t.name} may_alias={t.may_alias!r}, not an argument")
+        if t.like is not None and t.like not in [x.name for x in tensors if x is not t]:
+            raise EntryError(f"{where}: {t.name} like={t.like!r}, not another tensor of the entry")
     leads: dict[str, int] = {}
     for t in tensors:
         for d in t.shape or ():
@@ -262,8 +296,13 @@ def entry(name: str, *, doc: str, args, params: Params, call: str, dispatch: dic
     for r in requires:
         if not isinstance(r, Require):
             raise EntryError(f"{where}: requires= takes require(cond, message) entries")
+    sizes = {d.name for t in tensors for d in t.shape or () if d.kind in ("size", "plus")}
+    for size in size_words or {}:
+        if size not in sizes:
+            raise EntryError(f"{where}: size_words= names {size!r}, not a declared size "
+                             f"({', '.join(sorted(sizes))})")
     return Entry(name, doc, args, params, call, tuple((dispatch or {}).items()), api, bool(pdl),
-                 bool(errors), tuple(requires))
+                 bool(errors), tuple(requires), tuple((size_words or {}).items()), bool(bands))
 
 
 # What BUILD files see, besides op_library and its siblings.

@@ -23,7 +23,7 @@ import math
 import torch
 
 from .examples import DECODE_BATCHES, LLM_MODELS, PREFILL_TOKENS
-from .template import Example, Scalar, Tensor, TraceTemplate, const, var
+from .template import Example, Scalar, Tensor, TraceTemplate, const, entry_tensors, var
 
 TOLERANCE = {"bfloat16": (1.6e-2, 1.6e-2), "float16": (2e-3, 4e-3)}
 MAX_POS = 8192  # rows of the benchmark's cos/sin cache and the range of its positions
@@ -41,8 +41,11 @@ CACHE_AXES = {
     "head_dim": AXES["head_dim"],
     "max_pos": const(MAX_POS, "rows of cos_sin_cache (the positions it covers)"),
 }
-Q = Tensor(("tokens", "num_q_heads", "head_dim"))
-K = Tensor(("tokens", "num_kv_heads", "head_dim"))
+# q (tokens, num_q_heads, head_dim) and k (tokens, num_kv_heads, head_dim), from the BUILD file's entry
+_QK, _ = entry_tensors("//ops:rope", "rope_pos_ids", {"nnz": "tokens", "q_heads": "num_q_heads",
+                                                      "k_heads": "num_kv_heads", "head_dim": "head_dim"},
+                       skip=("q_out", "k_out", "pos_ids"))
+Q, K = _QK["q"], _QK["k"]
 INDPTR = Tensor(("batch_size + 1",), "int32", "request b holds tokens [indptr[b], indptr[b+1])")
 OFFSETS = Tensor(("batch_size",), "int32", "the position of each request's first token")
 POS_IDS = Tensor(("tokens",), "int32", "each token's position")

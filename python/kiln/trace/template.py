@@ -129,6 +129,8 @@ def entry_tensors(label: str, entry: str, axes: Mapping[str, str],
         if name is None:
             raise KeyError(f"{label}:{entry}: no trace axis for the declared size {d.name!r}; "
                            f"axes= maps {sorted(axes)}")
+        if d.kind == "plus":
+            return f"{name} + {d.coef}"
         return name if d.coef == 1 else f"{name} * {d.coef}"
 
     inputs: dict[str, Tensor] = {}
