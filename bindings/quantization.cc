@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <string>
 
+#include "bindings/common/entry.h"
 #include "bindings/common/tensor_view.h"
 #include "ops/common/dtypes.h"
 #include "ops/quantization/quantization.h"
@@ -29,25 +30,6 @@ using kb::view_of;
 using Elem = kiln::spec::dtype;
 constexpr auto kDType = kb::dl_dtype<Elem>();
 constexpr kiln::dl::DataType kUInt8{kiln::dl::kUInt, 8, 1};
-
-// The stride between consecutive rows once the leading dimensions are folded into one.
-int64_t row_stride(const TensorView& t) {
-  int64_t stride = 0, span = -1;
-  for (int i = t.ndim - 2; i >= 0; --i) {
-    if (t.shape[i] == 1) continue;
-    if (span < 0) {
-      stride = t.strides[i];
-      span = t.strides[i] * t.shape[i];
-    } else if (t.strides[i] != span) {
-      value_error(t.name + "'s leading dimensions must fold into one row stride (shape " + t.shape_str() + ", stride " +
-                  std::to_string(t.strides[i]) + " in dimension " + std::to_string(i) + ", expected " +
-                  std::to_string(span) + "); call .contiguous() first");
-    } else {
-      span *= t.shape[i];
-    }
-  }
-  return stride;
-}
 
 struct Rows {
   TensorView input, out;
@@ -102,7 +84,7 @@ void per_token_group_quant(py::handle out_obj, py::handle scales_obj, py::handle
   kb::check_no_internal_overlap(scales);
   kb::check_element_aligned(scales, sizeof(float));
   // Scales of 2-D input are [rows, groups] with any two strides; more leading dimensions must fold.
-  const int64_t srow = scales.ndim == 2 ? scales.stride(0) : row_stride(scales);
+  const int64_t srow = scales.ndim == 2 ? scales.stride(0) : kiln::bindings::folded_row_stride(scales);
   kb::check_disjoint(scales, r.out);
   kb::check_disjoint(scales, r.input);
   kiln::quantization::GroupQuantParams p{};
@@ -112,8 +94,8 @@ void per_token_group_quant(py::handle out_obj, py::handle scales_obj, py::handle
   p.rows = r.rows;
   p.cols = r.cols;
   p.group_size = group_size;
-  p.in_stride = row_stride(r.input);
-  p.out_stride = row_stride(r.out);
+  p.in_stride = kiln::bindings::folded_row_stride(r.input);
+  p.out_stride = kiln::bindings::folded_row_stride(r.out);
   p.scale_stride_row = srow;
   p.scale_stride_group = scales.stride(-1);
   kiln::Status s;
@@ -141,8 +123,8 @@ void scaled_fp8_quant(py::handle out_obj, py::handle scale_obj, py::handle input
   p.input = r.input.data;
   p.rows = r.rows;
   p.cols = r.cols;
-  p.in_stride = row_stride(r.input);
-  p.out_stride = row_stride(r.out);
+  p.in_stride = kiln::bindings::folded_row_stride(r.input);
+  p.out_stride = kiln::bindings::folded_row_stride(r.out);
   p.dynamic = dynamic;
   kiln::Status s;
   {
